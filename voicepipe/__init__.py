@@ -1,0 +1,3 @@
+"""voicepipe: a one-process voice-agent inference service."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,184 @@
+"""One settings tree for the whole service.
+
+Precedence, highest first: CLI flags (passed as overrides), ``VOICEPIPE_*`` environment variables
+(nested with ``__``, e.g. ``VOICEPIPE_SERVER__PORT=9000``), the TOML file, then the defaults below.
+The TOML file is ``--config FILE``, else ``$VOICEPIPE_CONFIG``, else ``./voicepipe.toml`` if present.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from voicepipe.errors import SettingsError
+
+ENV_PREFIX = "VOICEPIPE_"
+CONFIG_ENV = "VOICEPIPE_CONFIG"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _default_models_dir() -> Path:
+    checkout_models = REPO_ROOT / "models"
+    if (checkout_models / "manifest.json").is_file():
+        return checkout_models
+    return Path.home() / ".local" / "share" / "voicepipe" / "models"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelsSettings(Section):
+    """Each entry is a default model name, a local directory, or a hub id."""
+
+    stt: str = "whisper-tiny.en"
+    tts: str = "piper-en_US-joe-medium"
+    llm: str = "smollm2-135m-instruct"
+    vad: str = "silero-vad-v6"
+
+
+class DeviceSettings(Section):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # "auto": float32 on CPU, bfloat16 on CUDA for the LLM; STT picks int8 on CPU, float16 on CUDA.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class ServerSettings(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: SecretStr | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class PathsSettings(Section):
+    models_dir: Path = Field(default_factory=_default_models_dir)
+    data_dir: Path = Path("data")
+    recordings_dir: Path = Path("recordings")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    models: ModelsSettings = Field(default_factory=ModelsSettings)
+    device: DeviceSettings = Field(default_factory=DeviceSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    paths: PathsSettings = Field(default_factory=PathsSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file (if any) is set per load in load_settings(), via a subclass's model_config.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def _config_file(explicit: Path | None) -> Path | None:
+    if explicit is not None:
+        if not explicit.is_file():
+            raise SettingsError(f"config file {explicit} does not exist.", "pass an existing TOML file.")
+        return explicit
+    from_env = os.environ.get(CONFIG_ENV)
+    if from_env:
+        path = Path(from_env)
+        if not path.is_file():
+            raise SettingsError(f"{CONFIG_ENV}={from_env} does not exist.", f"unset {CONFIG_ENV} or fix it.")
+        return path
+    local = Path("voicepipe.toml")
+    return local if local.is_file() else None
+
+
+def _known_env_names(model: type[BaseModel], prefix: str) -> set[str]:
+    names = set()
+    for name, field in model.model_fields.items():
+        full = f"{prefix}{name.upper()}"
+        names.add(full)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names |= _known_env_names(annotation, full + "__")
+    return names
+
+
+def _check_env_names() -> None:
+    known = _known_env_names(Settings, ENV_PREFIX) | {CONFIG_ENV}
+    for name in os.environ:
+        if name.startswith(ENV_PREFIX) and name not in known:
+            raise SettingsError(
+                f"unknown setting in environment variable {name}.",
+                "check the spelling against `voicepipe config show` (nested keys use __).",
+            )
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Turn ``["server.port=9000", "models.llm=/path"]`` into a nested dict for Settings(**...)."""
+    tree: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SettingsError(f"override {pair!r} is not KEY=VALUE.", "write e.g. --set server.port=9000.")
+        node = tree
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(
+    config_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    set_pairs: list[str] | None = None,
+) -> Settings:
+    """Build the effective settings; raises SettingsError with a one-line message on any bad value."""
+    _check_env_names()
+    init = _merge(parse_overrides(set_pairs or []), overrides or {})
+    toml_file = _config_file(config_file)
+    settings_cls = type("Settings", (Settings,), {"model_config": {**Settings.model_config, "toml_file": toml_file}})
+    try:
+        return settings_cls(**init)
+    except ValidationError as exc:
+        raise SettingsError(_describe_validation_error(exc), "see `voicepipe config show`.") from None
+
+
+def _describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown setting {where!r}")
+        else:
+            parts.append(f"setting {where!r}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts) + "."
+
+
+def masked_dump(settings: Settings) -> dict[str, Any]:
+    """Settings as plain data, with secrets shown as ******** (or null when unset)."""
+    return settings.model_dump(mode="json")

@@ -1,0 +1,1 @@
+"""llm room (see DESIGN.md)."""

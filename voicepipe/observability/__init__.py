@@ -1,0 +1,1 @@
+"""observability room (see DESIGN.md)."""

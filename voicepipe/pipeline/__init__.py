@@ -1,0 +1,1 @@
+"""pipeline room (see DESIGN.md)."""

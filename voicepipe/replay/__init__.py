@@ -1,0 +1,1 @@
+"""replay room (see DESIGN.md)."""

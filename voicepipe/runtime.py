@@ -1,0 +1,60 @@
+"""The loaded models of one process: every call and every API request shares them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from voicepipe.config import Settings
+from voicepipe.devices import llm_dtype_name, resolve_device, stt_compute_type
+from voicepipe.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    llm: Any = None
+    tokenizer: Any = None
+    stt: Any = None
+    tts: Any = None
+    vad: Any = None
+    load_seconds: dict[str, float] = field(default_factory=dict)
+    load_error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return all(part is not None for part in (self.llm, self.stt, self.tts, self.vad))
+
+    def load(self) -> None:
+        """Load all models (blocking: call it from a worker thread in the server)."""
+        try:
+            self._load_all()
+        except Exception as exc:
+            self.load_error = str(exc)
+            raise
+
+    def _load_all(self) -> None:
+        from voicepipe.llm.loader import load_causal_lm
+        from voicepipe.stt.model import load_whisper
+        from voicepipe.tts.voice import load_voice
+        from voicepipe.vad.model import load_silero
+
+        models, models_dir = self.settings.models, self.settings.paths.models_dir
+        device = resolve_device(self.settings.device)
+        paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in ("vad", "stt", "tts", "llm")}
+        self.vad = self._timed("vad", load_silero, paths["vad"])
+        self.stt = self._timed("stt", load_whisper, paths["stt"], device, stt_compute_type(self.settings.device))
+        self.tts = self._timed("tts", load_voice, paths["tts"], device == "cuda")
+        self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
+                                               llm_dtype_name(self.settings.device))
+
+    def _timed(self, name: str, loader, *args):
+        start = time.perf_counter()
+        loaded = loader(*args)
+        self.load_seconds[name] = round(time.perf_counter() - start, 3)
+        log.info("loaded %s model in %.2f s", name, self.load_seconds[name])
+        return loaded

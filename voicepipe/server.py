@@ -1,0 +1,56 @@
+"""The FastAPI app: health, readiness, version; later rooms mount their routers here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from voicepipe import __version__
+from voicepipe.config import Settings
+from voicepipe.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
+    runtime = Runtime(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loading = None
+        if load_models:
+            loading = asyncio.create_task(asyncio.to_thread(runtime.load), name="load-models")
+            loading.add_done_callback(_log_load_failure)
+        yield
+        if loading is not None and not loading.done():
+            await asyncio.wait([loading])  # the thread cannot be interrupted; let it finish cleanly
+
+    app = FastAPI(title="voicepipe", version=__version__, lifespan=lifespan)
+    app.state.runtime = runtime
+    app.state.settings = settings
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        body = {"ready": runtime.ready, "load_seconds": runtime.load_seconds}
+        if runtime.load_error:
+            body["error"] = runtime.load_error
+        return JSONResponse(body, status_code=200 if runtime.ready else 503)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"name": "voicepipe", "version": __version__}
+
+    return app
+
+
+def _log_load_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("model loading failed: %s", task.exception())

@@ -1,0 +1,1 @@
+"""stt room (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""transports room (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""tts room (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""vad room (see DESIGN.md)."""
