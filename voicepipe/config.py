@@ -65,6 +65,45 @@ class PathsSettings(Section):
     recordings_dir: Path = Path("recordings")
 
 
+class VADSettings(Section):
+    """Streaming Silero VAD and the end-of-turn policy."""
+
+    threshold: float = Field(0.5, gt=0.0, lt=1.0)
+    # Probability under which a window counts as silence (default: threshold - 0.15).
+    neg_threshold: float | None = Field(None, gt=0.0, lt=1.0)
+    min_speech_ms: int = Field(96, ge=0, le=5000)  # speech shorter than this is not a turn
+    min_silence_ms: int = Field(160, ge=0, le=5000)  # silence that ends a speech segment
+    padding_ms: int = Field(30, ge=0, le=1000)  # added before speech_start and after speech_end
+    end_of_turn_silence_ms: int = Field(600, ge=0, le=10000)  # silence after speech_end that ends the turn
+
+
+class STTSettings(Section):
+    """Streaming faster-whisper transcription."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # "auto": follow device.device
+    compute_type: str = "auto"  # "auto": int8 on CPU, float16 on CUDA
+    cpu_threads: int = Field(0, ge=0, le=256)  # 0: CTranslate2 default
+    language: str | None = "en"
+    partial_interval_ms: int = Field(300, ge=50, le=5000)
+    initial_prompt: str | None = None  # default vocabulary bias; a call can set its own
+    hotwords: str | None = None
+    beam_size: int = Field(1, ge=1, le=10)
+    max_utterance_s: float = Field(30.0, gt=0.0, le=600.0)  # longer turns keep only the last max_utterance_s
+    max_queue: int = Field(64, ge=1, le=10000)  # pending jobs in the shared worker
+    stale_partial_ms: int = Field(1000, ge=0, le=60000)  # partial requests older than this are dropped
+
+
+class TTSSettings(Section):
+    """Streaming Piper synthesis and the text chunker."""
+
+    min_clause_chars: int = Field(24, ge=1, le=1000)  # cut at , ; : once a clause is this long
+    max_clause_chars: int = Field(200, ge=20, le=5000)  # forced cut at a word boundary past this
+    output_sample_rate: int = Field(16000, ge=8000, le=48000)
+    frame_ms: int = Field(20, ge=5, le=200)
+    length_scale: float | None = Field(None, gt=0.1, le=5.0)  # speaking rate (None: the voice's)
+    max_queued_s: float = Field(120.0, gt=0.0, le=3600.0)  # audio buffered ahead of playout per stream
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -77,6 +116,9 @@ class Settings(BaseSettings):
     device: DeviceSettings = Field(default_factory=DeviceSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     paths: PathsSettings = Field(default_factory=PathsSettings)
+    vad: VADSettings = Field(default_factory=VADSettings)
+    stt: STTSettings = Field(default_factory=STTSettings)
+    tts: TTSSettings = Field(default_factory=TTSSettings)
 
     @classmethod
     def settings_customise_sources(
