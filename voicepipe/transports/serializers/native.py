@@ -1,0 +1,120 @@
+"""voicepipe's own `/ws` protocol: JSON control messages (`type` field) and binary PCM16 LE mono frames.
+
+Specified in docs/native-protocol.md. The client picks the sample rate in `start`; audio both ways uses
+it. Marks are optional: a client that says `"marks": true` echoes each `mark` once the audio before it
+has played; otherwise the server runs the playout cursor on its own clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from voicepipe.transports.events import Dtmf, Event, Mark, Media, ProtocolError, Start, Stop
+from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Frame, Serializer, dumps, parse_json
+
+RATES = frozenset({8000, 16000, 24000, 48000})
+START_FIELDS = ("system_prompt", "greeting", "metadata")
+PROTOCOL_VERSION = 1
+
+
+class NativeSerializer(Serializer):
+    """Server side of `/ws`."""
+
+    name = "native"
+    supports_marks = False  # until the client's start says otherwise
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        super().__init__(max_frame_bytes)
+        self._sequence = 0
+
+    def decode(self, frame: Frame) -> list[Event]:
+        self._check_size(frame)
+        if isinstance(frame, bytes | bytearray):
+            if not self.started:
+                raise ProtocolError("media_before_start", "binary audio before start")
+            self._sequence += 1
+            return [Media(self._decode_pcm(bytes(frame)), sequence=self._sequence)]
+        message = parse_json(frame)
+        kind = message.get("type")
+        if kind == "start":
+            return [self._on_start(message)]
+        if kind == "mark":
+            if not isinstance(message.get("name"), str):
+                raise ProtocolError("missing_field", "mark.name must be a string")
+            return [Mark(message["name"])]
+        if kind == "dtmf":
+            digit = message.get("digit")
+            if not isinstance(digit, str) or len(digit) != 1:
+                raise ProtocolError("missing_field", "dtmf.digit must be one character")
+            return [Dtmf(digit)]
+        if kind == "stop":
+            return [Stop(message.get("reason") if isinstance(message.get("reason"), str) else None)]
+        raise ProtocolError("unknown_event", f"native message type {kind!r}"[:100])
+
+    def _on_start(self, message: dict[str, Any]) -> Start:
+        if self.started:
+            raise ProtocolError("duplicate_start", "start received twice")
+        rate = message.get("sample_rate", 16000)
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate not in RATES:
+            raise ProtocolError("unsupported_codec", f"sample_rate {rate!r} not in {sorted(RATES)}"[:100])
+        encoding = message.get("encoding", "pcm16")
+        if encoding != "pcm16":
+            raise ProtocolError("unsupported_codec", f"encoding {encoding!r} (only 'pcm16')"[:100])
+        for key, kinds in (("system_prompt", str), ("greeting", (str, type(None))), ("metadata", dict)):
+            if key in message and not isinstance(message[key], kinds):
+                raise ProtocolError("bad_start", f"start.{key} has the wrong type")
+        call_id = message.get("call_id")
+        params = {k: message[k] for k in START_FIELDS if k in message}
+        self.supports_marks = message.get("marks") is True
+        return self._set_start(
+            Start(
+                call_id=call_id if isinstance(call_id, str) else None,
+                stream_id=None,
+                codec="l16le",
+                sample_rate=rate,
+                custom_parameters=params,
+            )
+        )
+
+    # -- encode: audio, marks, clear -------------------------------------------------------------
+    def encode_audio(self, pcm16: np.ndarray) -> list[Frame]:
+        data = self._encode_pcm(pcm16)
+        return [data] if data else []
+
+    def encode_mark(self, name: str) -> list[Frame]:
+        return [dumps({"type": "mark", "name": name})] if self.supports_marks else []
+
+    def encode_clear(self) -> list[Frame]:
+        return [dumps({"type": "clear"})]
+
+    # -- encode: what a client shows ---------------------------------------------------------------
+    def encode_started(self, call_id: str) -> list[Frame]:
+        return [
+            dumps(
+                {
+                    "type": "started",
+                    "call_id": call_id,
+                    "sample_rate": self.send_rate,
+                    "version": PROTOCOL_VERSION,
+                    "marks": self.supports_marks,
+                }
+            )
+        ]
+
+    def encode_transcript(self, text: str, final: bool, turn: int) -> list[Frame]:
+        """The caller's words: partials while they speak, one final per turn."""
+        return [dumps({"type": "transcript", "role": "user", "text": text, "final": final, "turn": turn})]
+
+    def encode_agent_text(self, text: str, turn: int, final: bool = False) -> list[Frame]:
+        """The agent's words as they are generated (`final` once the reply is complete)."""
+        return [dumps({"type": "agent_text", "text": text, "final": final, "turn": turn})]
+
+    def encode_turn(self, turn: int, timings_ms: dict[str, float]) -> list[Frame]:
+        """One turn's timeline (milliseconds, relative to the caller's speech end)."""
+        timings = {k: round(float(v), 1) for k, v in timings_ms.items()}
+        return [dumps({"type": "turn", "turn": turn, "timings_ms": timings})]
+
+    def encode_error(self, code: str, message: str) -> list[Frame]:
+        return [dumps({"type": "error", "code": code, "message": message})]
