@@ -73,7 +73,9 @@ def serve(
     settings = settings_with(server__host=host, server__port=port, device__device=device)
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port,
+    app_ = create_app(settings)
+    app_.state.runtime.model_paths()  # fail fast, with one clear line, when a model is missing
+    uvicorn.run(app_, host=settings.server.host, port=settings.server.port,
                 log_level=settings.server.log_level)
 
 
@@ -84,8 +86,9 @@ def config_show() -> None:
 
 
 @models_app.command("fetch")
-def models_fetch(names: Annotated[list[str] | None, typer.Argument(help="Default models to fetch (all).")] = None,
-                 ) -> None:
+def models_fetch(
+    names: Annotated[list[str] | None, typer.Argument(help="Default models to fetch (all).")] = None,
+) -> None:
     """Download, verify and unpack the default models into the models directory."""
     from voicepipe.models import fetch_models
 
@@ -110,12 +113,19 @@ def models_list() -> None:
 
 
 @models_app.command("verify")
-def models_verify() -> None:
-    """Check every fetched model file against its sha256."""
+def models_verify(
+    names: Annotated[list[str] | None, typer.Argument(help="Models to check (all present).")] = None,
+) -> None:
+    """Check every file of the fetched models against its sha256."""
     from voicepipe.models import load_manifest, verify_model_dir
 
     models_dir = settings_with().paths.models_dir
     for name, entry in load_manifest().items():
+        if names and name not in names:
+            continue
+        if not (models_dir / name).is_dir():
+            console.print(f"- {name} not fetched")
+            continue
         verify_model_dir(entry, models_dir / name)
         console.print(f"[green]✓[/] {name}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from voicepipe.config import Settings
@@ -43,14 +44,18 @@ class Runtime:
         from voicepipe.tts.voice import load_voice
         from voicepipe.vad.model import load_silero
 
-        models, models_dir = self.settings.models, self.settings.paths.models_dir
         device = resolve_device(self.settings.device)
-        paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in ("vad", "stt", "tts", "llm")}
+        paths = self.model_paths()
         self.vad = self._timed("vad", load_silero, paths["vad"])
         self.stt = self._timed("stt", load_whisper, paths["stt"], device, stt_compute_type(self.settings.device))
         self.tts = self._timed("tts", load_voice, paths["tts"], device == "cuda")
         self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
                                                llm_dtype_name(self.settings.device))
+
+    def model_paths(self) -> dict[str, Path]:
+        """Resolve every configured model to files; cheap, so `serve` checks it before starting."""
+        models, models_dir = self.settings.models, self.settings.paths.models_dir
+        return {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in ("vad", "stt", "tts", "llm")}
 
     def _timed(self, name: str, loader, *args):
         start = time.perf_counter()

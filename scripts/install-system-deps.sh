@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Debian packages the test suite needs: espeak-ng and sox make test speech. Installs only what is missing.
+set -euo pipefail
+needed=()
+command -v espeak-ng >/dev/null || needed+=(espeak-ng)
+command -v sox >/dev/null || needed+=(sox)
+[ ${#needed[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
+  echo "error: missing ${needed[*]}; install them with your package manager (apt-get install ${needed[*]})." >&2
+  exit 1
+fi
+SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
+echo "installing ${needed[*]} with apt-get"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${needed[@]}" >/dev/null

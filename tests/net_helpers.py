@@ -1,0 +1,46 @@
+"""Start real servers on loopback for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_server(*extra_args: str, ready_timeout: float = 180) -> Iterator[str]:
+    """`voicepipe serve` in a subprocess on a free port; yields its base URL once /ready is true."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEPIPE_")}
+    proc = subprocess.Popen([sys.executable, "-m", "voicepipe.cli", *extra_args, "serve", "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{proc.stdout.read()}")
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise TimeoutError("server never became ready")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from voicepipe.config import load_settings
+from voicepipe.errors import SettingsError
+
+
+def show(*args, env=None, cwd=None):
+    result = run_cli(*args, "config", "show", env=env, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_defaults_are_sane(tmp_path):
+    effective = show(cwd=tmp_path)
+    assert effective["server"]["port"] == 8000
+    assert effective["models"]["llm"] == "smollm2-135m-instruct"
+    assert effective["device"]["device"] == "auto"
+
+
+def test_precedence_flag_over_env_over_toml(tmp_path):
+    toml = tmp_path / "vp.toml"
+    toml.write_text('[server]\nport = 7001\nhost = "0.0.0.0"\n[models]\nstt = "/opt/whisper"\n')
+    from_file = show("--config", str(toml), cwd=tmp_path)
+    assert (from_file["server"]["port"], from_file["server"]["host"]) == (7001, "0.0.0.0")
+
+    env = {"VOICEPIPE_SERVER__PORT": "7002"}
+    from_env = show("--config", str(toml), env=env, cwd=tmp_path)
+    assert from_env["server"]["port"] == 7002
+    assert from_env["server"]["host"] == "0.0.0.0"  # untouched keys still come from the file
+
+    from_flag = show("--config", str(toml), "--set", "server.port=7003", env=env, cwd=tmp_path)
+    assert from_flag["server"]["port"] == 7003
+    assert from_flag["models"]["stt"] == "/opt/whisper"
+
+
+def test_toml_found_through_env_and_cwd(tmp_path):
+    (tmp_path / "voicepipe.toml").write_text("[server]\nport = 7010\n")
+    assert show(cwd=tmp_path)["server"]["port"] == 7010
+    other = tmp_path / "other.toml"
+    other.write_text("[server]\nport = 7011\n")
+    assert show(env={"VOICEPIPE_CONFIG": str(other)}, cwd=tmp_path)["server"]["port"] == 7011
+
+
+def test_secrets_are_masked(tmp_path):
+    effective = show("--set", "server.api_key=sk-very-secret", cwd=tmp_path)
+    assert effective["server"]["api_key"] == "**********"
+    result = run_cli("--set", "server.api_key=sk-very-secret", "config", "show", cwd=tmp_path)
+    assert "sk-very-secret" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--set", "server.portt=1"], {}, "unknown setting 'server.portt'"),
+        ([], {"VOICEPIPE_SERVR__PORT": "1"}, "VOICEPIPE_SERVR__PORT"),
+        (["--set", "server.port=abc"], {}, "setting 'server.port'"),
+        (["--set", "device.device=tpu"], {}, "setting 'device.device'"),
+        (["--config", "/nonexistent.toml"], {}, "/nonexistent.toml does not exist"),
+        (["--set", "noequals"], {}, "is not KEY=VALUE"),
+    ],
+)
+def test_bad_settings_give_one_clear_line(tmp_path, args, env, needle):
+    result = run_cli(*args, "config", "show", env=env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_unknown_key_in_toml_is_rejected(tmp_path):
+    toml = tmp_path / "bad.toml"
+    toml.write_text("[server]\nprot = 1\n")
+    with pytest.raises(SettingsError, match="unknown setting 'server.prot'"):
+        load_settings(toml)
