@@ -104,6 +104,22 @@ class TTSSettings(Section):
     max_queued_s: float = Field(120.0, gt=0.0, le=3600.0)  # audio buffered ahead of playout per stream
 
 
+class LLMSettings(Section):
+    """The LLM engine: paged KV pool, scheduler and context policy."""
+
+    kv_cache_mib: int | None = Field(None, ge=1)  # KV pool size; None: kv_cache_memory_fraction of free memory
+    kv_cache_memory_fraction: float = Field(0.2, gt=0.0, le=0.95)
+    block_size: int = Field(16, ge=1, le=1024)  # tokens per KV block
+    max_tokens_per_step: int = Field(256, ge=1)  # token budget of one step (decodes + prefill chunks)
+    max_running: int = Field(32, ge=1)  # sequences in flight at once
+    context_tokens: int | None = Field(None, ge=16)  # per-session budget; None: the model's context length
+    compaction: bool = True  # over budget: keep the system prompt and the latest turns, recompute once
+    compaction_target: float = Field(0.6, gt=0.0, le=1.0)  # compact down to this fraction of the budget
+    admission_timeout_s: float = Field(30.0, gt=0.0)  # waiting longer than this: "overloaded" error
+    flex_aging_steps: int = Field(64, ge=1)  # a flex request waiting this many steps ranks as priority
+    default_max_tokens: int = Field(256, ge=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -119,6 +135,7 @@ class Settings(BaseSettings):
     vad: VADSettings = Field(default_factory=VADSettings)
     stt: STTSettings = Field(default_factory=STTSettings)
     tts: TTSSettings = Field(default_factory=TTSSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
 
     @classmethod
     def settings_customise_sources(
