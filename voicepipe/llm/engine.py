@@ -1,0 +1,553 @@
+"""The LLM engine: sessions on a paged, prefix-cached KV store, continuous batching in one thread, asyncio API.
+
+Usage::
+
+    engine = LLMEngine(model, tokenizer, settings.llm)
+    engine.start()
+    session = engine.open_session()
+    async for piece in engine.generate(session, [{"role": "user", "content": "Hi"}], tier="priority"):
+        print(piece.text, piece.token_ids, piece.time)
+    engine.rollback_reply(session, heard_tokens)   # barge-in: keep what the caller heard
+    engine.close_session(session)
+    engine.stop()
+
+Threading: the engine thread owns the model. Every change to sessions, the scheduler and the block manager
+happens under ``self._lock``; the model forward runs outside it, on sessions that are busy (which no API call
+mutates). Results reach asyncio through ``loop.call_soon_threadsafe``; detokenization runs on the caller's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from voicepipe.config import LLMSettings
+from voicepipe.llm.attention import PagedKVCache
+from voicepipe.llm.blocks import BlockManager
+from voicepipe.llm.chat import ChatRenderer, validate_messages
+from voicepipe.llm.detok import IncrementalDetokenizer
+from voicepipe.llm.errors import (
+    ContextOverflowError,
+    EngineStoppedError,
+    InvalidRequestError,
+    LLMError,
+    OverloadedError,
+    SessionBusyError,
+    SessionClosedError,
+)
+from voicepipe.llm.request import Request, RequestStats, tier_rank
+from voicepipe.llm.runner import ModelRunner, ModelShape
+from voicepipe.llm.sampling import SamplingParams, make_generator, sample
+from voicepipe.llm.scheduler import Scheduler
+from voicepipe.llm.session import Session, TurnMark
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Piece:
+    """A piece of streamed reply text, the token ids it came from, and when they were produced (monotonic s)."""
+
+    text: str
+    token_ids: list[int]
+    time: float
+
+
+@dataclass
+class _Event:
+    kind: str  # "tokens", "done", "error"
+    token_ids: list[int] = field(default_factory=list)
+    time: float = 0.0
+    error: BaseException | None = None
+
+
+def _free_memory_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return free
+    try:
+        import psutil
+
+        return psutil.virtual_memory().available
+    except ImportError:  # pragma: no cover - psutil is usually present
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return 1 << 30
+
+
+class Generation:
+    """One streamed reply. ``async for piece in generation`` yields ``Piece``s; after the loop, ``text``,
+    ``token_ids``, ``finish_reason`` and ``stats`` hold the outcome. Leaving the loop early (break, an
+    exception, task cancellation) cancels the request within one engine step."""
+
+    def __init__(self, engine: LLMEngine, request: Request, queue: asyncio.Queue, stops: list[str]) -> None:
+        self._engine = engine
+        self.request = request
+        self._queue = queue
+        self._stops = stops
+        self._hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self._started = False
+
+    @property
+    def stats(self) -> RequestStats:
+        return self.request.stats
+
+    @property
+    def session(self) -> Session:
+        return self.request.session
+
+    def cancel(self) -> None:
+        self._engine._cancel(self.request)
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        if self._started:
+            raise RuntimeError("a Generation can be iterated once")
+        self._started = True
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[Piece]:
+        detok = IncrementalDetokenizer(self._engine.tokenizer)
+        emitted = 0  # chars of detok.text already yielded
+        pending_ids: list[int] = []
+        stop_ids = self.request.stop_ids
+        try:
+            while True:
+                ev: _Event = await self._queue.get()
+                if ev.kind == "error":
+                    self.finish_reason = "error"
+                    raise ev.error
+                if ev.kind == "tokens":
+                    self.token_ids.extend(ev.token_ids)
+                    pending_ids.extend(ev.token_ids)
+                    visible = [t for t in ev.token_ids if t not in stop_ids or self.request.params.ignore_eos]
+                    detok.push(visible)
+                    full = detok.text
+                    cut = self._find_stop(full, emitted)
+                    if cut is not None:
+                        self._engine._stop_at(self.request, len(self.token_ids))
+                        piece = full[emitted:cut]
+                        self.text = full[:cut]
+                        if piece:
+                            yield Piece(piece, pending_ids, ev.time)
+                        self.finish_reason = "stop"
+                        await self._drain()
+                        return
+                    upto = max(emitted, len(full) - self._hold)
+                    if upto > emitted:
+                        yield Piece(full[emitted:upto], pending_ids, ev.time)
+                        pending_ids = []
+                        emitted = upto
+                    continue
+                # done
+                detok.flush()
+                full = detok.text
+                self.text = full
+                self.finish_reason = self.request.finish_reason
+                if len(full) > emitted or pending_ids:
+                    yield Piece(full[emitted:], pending_ids, time.monotonic())
+                return
+        finally:
+            if self.finish_reason is None:
+                self.cancel()
+
+    def _find_stop(self, text: str, emitted: int) -> int | None:
+        if not self._stops:
+            return None
+        start = max(0, emitted - self._hold)
+        hits = [i for i in (text.find(s, start) for s in self._stops) if i >= 0]
+        return min(hits) if hits else None
+
+    async def _drain(self) -> None:
+        while True:
+            ev = await self._queue.get()
+            if ev.kind != "tokens":
+                return
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer, settings: LLMSettings | None = None) -> None:
+        self.settings = settings or LLMSettings()
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer)
+        device = str(next(model.parameters()).device)
+        s = self.settings
+        shape = ModelShape.of(model)
+        dtype = next(model.parameters()).dtype
+        per_token = PagedKVCache.bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
+        pool_bytes = (s.kv_cache_mib * 2**20 if s.kv_cache_mib is not None
+                      else int(_free_memory_bytes(device) * s.kv_cache_memory_fraction))
+        num_blocks = max(2, pool_bytes // (per_token * s.block_size))
+        self.blocks = BlockManager(num_blocks, s.block_size)
+        self.runner = ModelRunner(model, num_blocks, s.block_size)
+        self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps)
+        self.capacity_tokens = num_blocks * s.block_size
+        self.max_context = min(shape.max_context, self.capacity_tokens)
+        self.context_budget = min(s.context_tokens or shape.max_context, self.max_context)
+        self.model_stop_ids = self._model_stop_ids(model, tokenizer)
+        log.info("LLM KV pool: %d blocks of %d tokens = %d tokens (%.0f MiB, %d bytes/token); context budget %d",
+                 num_blocks, s.block_size, self.capacity_tokens, num_blocks * s.block_size * per_token / 2**20,
+                 per_token, self.context_budget)
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._sessions: dict[int, Session] = {}
+        self.counters = {"requests": 0, "finished": 0, "cancelled": 0, "errors": 0, "overloaded": 0,
+                         "compactions": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
+                         "steps": 0}
+        self.crashed: BaseException | None = None
+
+    @staticmethod
+    def _model_stop_ids(model, tokenizer) -> frozenset[int]:
+        ids: set[int] = set()
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        for value in (eos, tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(v for v in value if isinstance(v, int))
+        return frozenset(ids)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._running = False
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        with self._lock:
+            for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+                self._finish(req, "cancelled", EngineStoppedError("the LLM engine stopped.", "restart the service."))
+
+    close = stop
+
+    # -- sessions -------------------------------------------------------------------------------------------------
+    def open_session(self, system_prompt: str | None = None) -> Session:
+        """A new conversation. ``system_prompt`` becomes its first message (rendered with the first turn)."""
+        session = Session(system_prompt=system_prompt)
+        with self._lock:
+            self._sessions[session.id] = session
+        return session
+
+    def close_session(self, session: Session) -> None:
+        """Release the session's blocks (a generation in flight is cancelled first)."""
+        with self._lock:
+            if session.closed:
+                return
+            session.closed = True
+            self._sessions.pop(session.id, None)
+            self.scheduler.forget_session(session)
+            if session.busy:
+                for req in self.scheduler.waiting + self.scheduler.running:
+                    if req.session is session:
+                        req.cancelled = True
+                self._lock.notify_all()
+            else:
+                session.drop_kv(self.blocks)
+
+    def truncate(self, session: Session, n_tokens: int) -> None:
+        """Roll the session back to its first ``n_tokens`` ids: anywhere inside the last reply, or exactly at the
+        start of an earlier turn (``session.marks``). Blocks past the cut are released."""
+        with self._lock:
+            self._check_idle(session)
+            if not 0 <= n_tokens <= len(session.ids):
+                raise InvalidRequestError(f"cannot truncate to {n_tokens} tokens: the session holds "
+                                          f"{len(session.ids)}.", "pass a count between 0 and len(session).")
+            if session.reply_start is not None and n_tokens >= session.reply_start:
+                session.truncate_kv(self.blocks, n_tokens)
+                return
+            marks = [m for m in session.marks if m.n_ids == n_tokens]
+            if not marks:
+                raise InvalidRequestError(
+                    f"cannot truncate to {n_tokens} tokens: that is neither inside the last reply "
+                    f"(from {session.reply_start}) nor the start of a turn.",
+                    "cut inside the last reply, or at one of session.marks.")
+            self._restore_mark(session, marks[-1])
+
+    def _restore_mark(self, session: Session, mark: TurnMark) -> None:
+        session.truncate_kv(self.blocks, mark.n_ids)
+        session.messages = session.messages[:mark.n_messages]
+        session.text = session.text[:mark.text_len]
+        session.marks = session.marks[:session.marks.index(mark)]
+        session.reply_start = None
+        if not session.block_table:
+            self.scheduler.forget_session(session)
+
+    def rollback_reply(self, session: Session, heard_tokens: int) -> None:
+        """Barge-in: keep only the first ``heard_tokens`` tokens of the last reply."""
+        if session.reply_start is None:
+            raise InvalidRequestError("the session has no reply to roll back.", "call it after a generation.")
+        self.truncate(session, min(len(session.ids), session.reply_start + max(0, heard_tokens)))
+
+    def _check_idle(self, session: Session) -> None:
+        if session.closed:
+            raise SessionClosedError(f"session {session.id} is closed.", "open a new session.")
+        if session.busy:
+            raise SessionBusyError(f"session {session.id} has a generation in flight.",
+                                   "cancel it or wait for it to end.")
+
+    # -- requests -------------------------------------------------------------------------------------------------
+    def generate(self, session: Session | None, new_messages: list[dict[str, str]], tier: str = "default",
+                 params: SamplingParams | None = None, **sampling: Any) -> Generation:
+        """Start a reply to ``new_messages`` appended to ``session`` (None: a sessionless request whose messages
+        are the whole conversation). Call it from the event loop; iterate the result with ``async for``."""
+        loop = asyncio.get_running_loop()
+        if params is None:
+            sampling.setdefault("max_tokens", self.settings.default_max_tokens)
+            params = SamplingParams(**sampling)
+        elif sampling:
+            raise InvalidRequestError("pass either params or sampling keywords, not both.", "pick one.")
+        params.validate()
+        tier_rank(tier)
+        new = validate_messages(new_messages)
+        if self._thread is None or not self._running:
+            raise EngineStoppedError("the LLM engine is not running.", "call engine.start() first.")
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if session is None:
+                session = Session(ephemeral=True)
+            self._check_idle(session)
+            self._settle_reply(session)
+            system = session.system_prompt
+            if system is not None and not session.messages and (not new or new[0]["role"] != "system"):
+                new = [{"role": "system", "content": system}] + new
+            stats = RequestStats(arrival=time.monotonic())
+            self._append_turn(session, new, params.max_tokens, stats)
+            stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.model_stop_ids)
+            req = Request(session=session, params=params, tier=tier, stop_ids=stop_ids, stats=stats,
+                          generator=make_generator(params, self.runner.device),
+                          sink=(loop, queue))
+            stats.prompt_tokens = len(session.ids)
+            session.reply_start = len(session.ids)
+            session.busy = True
+            self.counters["requests"] += 1
+            if params.max_tokens == 0:
+                self._finish(req, "length")
+            else:
+                self.scheduler.add(req)
+                self._lock.notify_all()
+        return Generation(self, req, queue, list(params.stop))
+
+    def _settle_reply(self, session: Session) -> None:
+        """Fold the last reply's tokens into the session's messages and text (decoded once, here)."""
+        if session.reply_start is None:
+            return
+        reply = session.ids[session.reply_start:]
+        content_ids = reply[:-1] if reply and reply[-1] in self.model_stop_ids else reply
+        content = self.tokenizer.decode(content_ids, skip_special_tokens=False)
+        session.messages.append({"role": "assistant", "content": content})
+        session.text += self.tokenizer.decode(reply, skip_special_tokens=False)
+        session.reply_start = None
+
+    def _append_turn(self, session: Session, new: list[dict[str, str]], max_tokens: int, stats: RequestStats) -> None:
+        full, delta = self.renderer.delta(session.text, session.messages, new)
+        delta_ids = self.renderer.encode(delta)
+        if len(session.ids) + len(delta_ids) + max_tokens > self.context_budget:
+            self._compact(session, new, max_tokens, stats)
+            return
+        session.marks.append(TurnMark(len(session.messages), len(session.ids), len(session.text)))
+        session.ids.extend(delta_ids)
+        session.messages.extend(new)
+        session.text = full
+
+    def _compact(self, session: Session, new: list[dict[str, str]], max_tokens: int, stats: RequestStats) -> None:
+        history = session.messages
+        if not self.settings.compaction:
+            raise ContextOverflowError(
+                f"the prompt plus max_tokens={max_tokens} exceeds the context budget of {self.context_budget} "
+                "tokens and compaction is off.", "shorten the conversation, lower max_tokens, or turn compaction on.")
+        head = history[:1] if history and history[0]["role"] == "system" else []
+        if new and new[0]["role"] == "system":
+            head = []
+        rest = history[len(head):]
+        target = int(self.context_budget * self.settings.compaction_target)
+        while True:
+            kept = head + rest + new
+            ids = self.renderer.encode(self.renderer.render(kept, add_generation_prompt=True))
+            if len(ids) + max_tokens <= target or not rest:
+                break
+            rest = rest[1:]
+            while rest and rest[0]["role"] != "user":  # restart on a user turn
+                rest = rest[1:]
+        if len(ids) + max_tokens > self.context_budget:
+            raise ContextOverflowError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens={max_tokens} exceeds the context budget of "
+                f"{self.context_budget} tokens even after compaction.", "send a shorter message or lower max_tokens.")
+        session.drop_kv(self.blocks)
+        self.scheduler.forget_session(session)
+        session.ids = ids
+        session.messages = kept
+        session.text = self.renderer.render(kept, add_generation_prompt=True)
+        session.marks = []
+        session.compactions += 1
+        stats.compacted = True
+        self.counters["compactions"] += 1
+        log.info("compacted session %d to %d tokens (%d messages)", session.id, len(ids), len(kept))
+
+    def _cancel(self, req: Request) -> None:
+        with self._lock:
+            req.cancelled = True
+            self._lock.notify_all()
+
+    def _stop_at(self, req: Request, n_output: int) -> None:
+        """A stop string ended the reply after ``n_output`` tokens: keep those, drop any later ones."""
+        with self._lock:
+            req.keep_output = n_output
+            req.cancelled = True
+            self._lock.notify_all()
+
+    # -- the engine thread ------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        import torch
+
+        torch.set_grad_enabled(False)
+        try:
+            while True:
+                with self._lock:
+                    if not self._running:
+                        return
+                    self._reap()
+                    plan = self.scheduler.schedule() if self.scheduler.has_work else None
+                    if plan is None or not plan.items:
+                        self._lock.wait(timeout=0.05)
+                        continue
+                    for s in plan.unpinned:
+                        log.debug("unpinned idle session %d", s.id)
+                    now = time.monotonic()
+                    for item in plan.items:
+                        st = item.request.stats
+                        if st.first_scheduled is None:
+                            st.first_scheduled = now
+                            st.cached_prompt_tokens = item.start
+                            self.counters["prompt_tokens"] += st.prompt_tokens
+                            self.counters["cached_prompt_tokens"] += item.start
+                try:
+                    logits = self.runner.forward(plan.items)
+                    sampled = [it for it in plan.items if it.samples]
+                    tokens = sample(logits, [it.request.params for it in sampled],
+                                    [it.request.generator for it in sampled]) if sampled else []
+                except Exception as exc:  # a failed step fails its requests; the engine carries on
+                    log.exception("LLM step failed")
+                    with self._lock:
+                        for item in plan.items:
+                            item.request.session.drop_kv(self.blocks)
+                            self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
+                    continue
+                with self._lock:
+                    self._after_step(plan.items, tokens)
+        except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
+            log.exception("LLM engine thread crashed")
+            self.crashed = exc
+            with self._lock:
+                self._running = False
+                for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+                    self._finish(req, "error", EngineStoppedError(f"the LLM engine crashed: {exc}"))
+
+    def _reap(self) -> None:
+        """Cancelled and expired requests leave before the next step is planned."""
+        now = time.monotonic()
+        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+            if req.cancelled:
+                self._finish(req, "stop" if req.keep_output is not None else "cancelled")
+        for req in self.scheduler.expired(now, self.settings.admission_timeout_s):
+            self.counters["overloaded"] += 1
+            self._finish(req, "error", OverloadedError(
+                f"the LLM engine could not admit the request within {self.settings.admission_timeout_s:g} s.",
+                "retry later, or raise llm.admission_timeout_s / the KV pool size."))
+
+    def _after_step(self, items, tokens: list[int]) -> None:
+        self.counters["steps"] += 1
+        now = time.monotonic()
+        k = 0
+        for item in items:
+            req = item.request
+            s = req.session
+            if req.state.value == "finished":  # cancelled while the step ran (close_session): already settled
+                continue
+            s.commit(self.blocks, item.n_tokens)
+            if not item.samples:
+                continue
+            token = tokens[k]
+            k += 1
+            s.ids.append(token)
+            req.output_ids.append(token)
+            st = req.stats
+            st.output_tokens += 1
+            st.token_times.append(now)
+            if st.first_token is None:
+                st.first_token = now
+            self._emit(req, _Event("tokens", [token], now))
+            if token in req.stop_ids:
+                self._finish(req, "stop")
+            elif len(req.output_ids) >= req.params.max_tokens or len(s.ids) >= self.max_context:
+                self._finish(req, "length")
+
+    def _finish(self, req: Request, reason: str, error: BaseException | None = None) -> None:
+        self.scheduler.remove(req)
+        req.finish_reason = reason
+        req.stats.finished = time.monotonic()
+        s = req.session
+        if req.keep_output is not None and req.keep_output < len(req.output_ids):
+            s.truncate_kv(self.blocks, s.reply_start + req.keep_output)
+        s.busy = False
+        s.last_used = time.monotonic()
+        if error is not None and not req.output_ids and s.marks and not s.closed:
+            self._restore_mark(s, s.marks[-1])  # the failed turn leaves no trace in the history
+        if s.closed or s.ephemeral:
+            s.drop_kv(self.blocks)
+            self.scheduler.forget_session(s)
+        else:
+            self.scheduler.session_idle(s)
+        key = {"cancelled": "cancelled", "error": "errors"}.get(reason, "finished")
+        self.counters[key] += 1
+        self.counters["output_tokens"] += req.stats.output_tokens
+        self._emit(req, _Event("error", error=error) if error is not None else _Event("done", time=time.monotonic()))
+
+    @staticmethod
+    def _emit(req: Request, event: _Event) -> None:
+        loop, queue = req.sink
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            req.cancelled = True
+
+    # -- stats ----------------------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            bm = self.blocks
+            prompt = self.counters["prompt_tokens"]
+            return {
+                **self.counters,
+                "blocks_total": bm.num_blocks,
+                "blocks_used": bm.num_used,
+                "blocks_free": bm.num_free,
+                "block_size": bm.block_size,
+                "capacity_tokens": self.capacity_tokens,
+                "kv_bytes_per_token": self.runner.bytes_per_token,
+                "prefix_hit_rate": (self.counters["cached_prompt_tokens"] / prompt) if prompt else 0.0,
+                "block_hit_rate": (bm.hit_blocks / bm.lookup_blocks) if bm.lookup_blocks else 0.0,
+                "preemptions": self.scheduler.preemptions,
+                "unpinned_sessions": self.scheduler.unpins,
+                "waiting": len(self.scheduler.waiting),
+                "running": len(self.scheduler.running),
+                "sessions": len(self._sessions),
+            }

@@ -1,0 +1,88 @@
+"""One generation request as the scheduler and the engine see it, and its per-request stats."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from voicepipe.llm.errors import UnknownTierError
+from voicepipe.llm.sampling import SamplingParams
+from voicepipe.llm.session import Session
+
+TIERS = ("priority", "default", "flex")
+TIER_RANK = {name: rank for rank, name in enumerate(TIERS)}
+
+_seq = itertools.count()
+
+
+def tier_rank(tier: str) -> int:
+    try:
+        return TIER_RANK[tier]
+    except (KeyError, TypeError):
+        raise UnknownTierError(f"unknown tier {tier!r}.", f"use one of {', '.join(TIERS)}.") from None
+
+
+class State(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestStats:
+    """Per-request figures; times are ``time.monotonic()`` seconds."""
+
+    arrival: float = 0.0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+    compacted: bool = False
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"queue_time": self.queue_time, "ttft": self.ttft, "itls": self.itls,
+                "prompt_tokens": self.prompt_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
+                "output_tokens": self.output_tokens, "preemptions": self.preemptions, "compacted": self.compacted}
+
+
+@dataclass(eq=False)
+class Request:
+    session: Session
+    params: SamplingParams
+    tier: str = "default"
+    stop_ids: frozenset[int] = frozenset()
+    id: int = field(default_factory=lambda: next(_seq))
+    seq: int = field(default_factory=lambda: next(_seq))  # arrival order (ties broken by it)
+    state: State = State.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    stats: RequestStats = field(default_factory=RequestStats)
+    enqueued_step: int = 0
+    admitted: bool = False  # got its first prefill chunk at least once
+    cancelled: bool = False
+    keep_output: int | None = None  # set by a stop string: keep this many output tokens
+    finish_reason: str | None = None
+    generator: Any = None
+    sink: Any = None  # the engine's hand-off to the asyncio side
+
+    @property
+    def rank(self) -> int:
+        return TIER_RANK[self.tier]

@@ -1,0 +1,130 @@
+"""Model runner: one forward pass over a packed batch (every scheduled sequence's new tokens, batch dim 1)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from voicepipe.llm.attention import PagedKVCache, PrefillSpan, StepLayout, register
+from voicepipe.llm.scheduler import ScheduledItem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_context: int
+
+    @classmethod
+    def of(cls, model) -> ModelShape:
+        cfg = model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        heads = text_cfg.num_attention_heads
+        head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
+        return cls(text_cfg.num_hidden_layers, getattr(text_cfg, "num_key_value_heads", None) or heads, head_dim,
+                   int(getattr(text_cfg, "max_position_embeddings", 4096)))
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.shape = ModelShape.of(model)
+        model.config._attn_implementation = register()
+        text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        text_cfg._attn_implementation = model.config._attn_implementation
+        self.block_size = block_size
+        self.cache = PagedKVCache(self.shape.num_layers, num_blocks, block_size, self.shape.num_kv_heads,
+                                  self.shape.head_dim, self.dtype, self.device)
+        self.bytes_per_token = PagedKVCache.bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads,
+                                                            self.shape.head_dim, self.dtype)
+
+    # -- layout -----------------------------------------------------------------------------------------------------
+    def _slot_ids(self, table: list[int], start: int, stop: int) -> list[int]:
+        bs = self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, stop)]
+
+    def _kv_ref(self, table: list[int], length: int) -> slice | list[int]:
+        """The history's slots: a slice when the blocks are consecutive, else the list of slot ids."""
+        bs = self.block_size
+        n_blocks = -(-length // bs)
+        first = table[0]
+        if table[n_blocks - 1] - first == n_blocks - 1 and all(
+                table[i] == first + i for i in range(1, n_blocks)):
+            return slice(first * bs, first * bs + length)
+        return self._slot_ids(table, 0, length)
+
+    def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
+        """Packed input ids, position ids, the step layout and the packed index of each sampled token."""
+        dev = self.device
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        logit_rows: list[int] = []
+        decodes: list[tuple[int, ScheduledItem]] = []
+        prefills: list[PrefillSpan] = []
+        for item in items:
+            s = item.request.session
+            t0 = len(ids)
+            end = item.start + item.n_tokens
+            ids.extend(s.ids[item.start:end])
+            pos.extend(range(item.start, end))
+            slots.extend(self._slot_ids(s.block_table, item.start, end))
+            if item.samples:
+                logit_rows.append(t0 + item.n_tokens - 1)
+            if item.n_tokens == 1 and item.start > 0:
+                decodes.append((t0, item))
+                continue
+            kv = self._kv_ref(s.block_table, end)
+            if not isinstance(kv, slice):
+                kv = torch.tensor(kv, dtype=torch.long, device=dev)
+            mask = None
+            if item.start > 0:
+                mask = (torch.arange(end, device=dev)[None, :]
+                        <= torch.arange(item.start, end, device=dev)[:, None])[None, None]
+            prefills.append(PrefillSpan(t0, item.n_tokens, kv, mask))
+        layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev), prefills=prefills)
+        if decodes:
+            rows = [t0 for t0, _ in decodes]
+            layout.decode_rows = torch.tensor(rows, dtype=torch.long, device=dev)
+            if rows == list(range(rows[0], rows[0] + len(rows))):
+                layout.decode_rows_slice = slice(rows[0], rows[0] + len(rows))
+            lengths = [it.start + 1 for _, it in decodes]
+            if len(decodes) == 1:
+                kv = self._kv_ref(decodes[0][1].request.session.block_table, lengths[0])
+                layout.decode_kv = kv if isinstance(kv, slice) else torch.tensor(kv, dtype=torch.long, device=dev)
+            else:
+                lmax = max(lengths)
+                gather = []
+                for (_, it), length in zip(decodes, lengths, strict=True):
+                    row = self._slot_ids(it.request.session.block_table, 0, length)
+                    gather.append(row + [row[-1]] * (lmax - length))
+                layout.decode_kv = torch.tensor(gather, dtype=torch.long, device=dev)
+                if min(lengths) != lmax:
+                    lens = torch.tensor(lengths, device=dev)
+                    layout.decode_mask = (torch.arange(lmax, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
+        position_ids = torch.tensor([pos], dtype=torch.long, device=dev)
+        return input_ids, position_ids, layout, logit_rows
+
+    # -- forward ----------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, items: list[ScheduledItem]) -> torch.Tensor | None:
+        """Run one step; returns float32 logits [n_sampled, vocab] for the items that sample (or None)."""
+        input_ids, position_ids, layout, logit_rows = self.build(items)
+        self.cache.layout = layout
+        keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows else 1
+        try:
+            out = self.model(input_ids=input_ids, position_ids=position_ids, cache=self.cache, use_cache=False,
+                             logits_to_keep=keep)
+        finally:
+            self.cache.layout = None
+        if not logit_rows:
+            return None
+        return out.logits[0].float()

@@ -1,0 +1,76 @@
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, with a per-request seed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from voicepipe.llm.errors import InvalidSamplingError
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each token. ``temperature == 0`` is greedy (the default)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)  # added to the model's own end-of-turn ids
+    stop: list[str] = field(default_factory=list)  # stop strings (the reply ends with the first one)
+    ignore_eos: bool = False  # for benchmarks: run to max_tokens
+
+    def validate(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise InvalidSamplingError(f"max_tokens must be a non-negative integer, got {self.max_tokens!r}.",
+                                       "pass max_tokens >= 0.")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise InvalidSamplingError(f"temperature must be >= 0, got {self.temperature!r}.",
+                                       "pass 0 for greedy or a positive temperature.")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidSamplingError(f"top_k must be >= 0, got {self.top_k!r}.", "pass 0 to turn top-k off.")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise InvalidSamplingError(f"top_p must be in (0, 1], got {self.top_p!r}.", "pass 1.0 to turn it off.")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidSamplingError("stop strings must be non-empty strings.", "remove the empty stop string.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(params: SamplingParams, device: str | torch.device) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+    return gen
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of ``logits`` ([n, vocab]); rows with greedy params take the argmax."""
+    out = logits.argmax(dim=-1).tolist()
+    for row, p in enumerate(params):
+        if p.greedy:
+            continue
+        out[row] = _sample_row(logits[row].float(), p, generators[row])
+    return out
+
+
+def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    logits = logits / p.temperature
+    if p.top_k and p.top_k < logits.numel():
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) > p.top_p  # keep the smallest set reaching top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen).item())

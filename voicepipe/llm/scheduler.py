@@ -1,0 +1,184 @@
+"""Scheduler policy: what one engine step computes. Pure logic over sessions and the block manager.
+
+Each step:
+1. Running decodes first, one token each, in tier order (``priority`` > ``default`` > ``flex``), then arrival.
+2. Then prefill chunks, up to the step's token budget: requests already mid-prefill first, then the waiting queue
+   in tier order then arrival. A ``flex`` request that has waited ``flex_aging_steps`` steps ranks as ``priority``,
+   so it cannot starve.
+3. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
+   (latest arrival first). A preempted request goes back to the queue and recomputes its K/V when it resumes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from voicepipe.llm.blocks import BlockManager
+from voicepipe.llm.request import Request, State
+from voicepipe.llm.session import Session
+
+
+@dataclass
+class ScheduledItem:
+    request: Request
+    start: int  # position of the first token computed this step
+    n_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the sequence, so its last logits give the next token."""
+        return self.start + self.n_tokens == len(self.request.session.ids)
+
+
+@dataclass
+class StepPlan:
+    items: list[ScheduledItem]
+    preempted: list[Request]
+    unpinned: list[Session]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.n_tokens for item in self.items)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_tokens_per_step: int = 256, max_running: int = 32,
+                 flex_aging_steps: int = 64) -> None:
+        self.blocks = blocks
+        self.max_tokens_per_step = max_tokens_per_step
+        self.max_running = max_running
+        self.flex_aging_steps = flex_aging_steps
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.idle: OrderedDict[int, Session] = OrderedDict()  # sessions holding blocks, least recently used first
+        self.step_no = 0
+        self.preemptions = 0
+        self.unpins = 0
+
+    # -- queue ----------------------------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        req.state = State.WAITING
+        req.enqueued_step = self.step_no
+        self.idle.pop(req.session.id, None)
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out (finished or cancelled); its session becomes idle if it still holds blocks."""
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        req.state = State.FINISHED
+
+    def session_idle(self, session: Session) -> None:
+        if session.block_table and not session.closed:
+            self.idle[session.id] = session
+            self.idle.move_to_end(session.id)
+
+    def forget_session(self, session: Session) -> None:
+        self.idle.pop(session.id, None)
+
+    def _wait_key(self, req: Request) -> tuple[int, int]:
+        rank = req.rank
+        if req.tier == "flex" and self.step_no - req.enqueued_step >= self.flex_aging_steps:
+            rank = 0
+        return rank, req.seq
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- memory pressure --------------------------------------------------------------------------------------------
+    def _make_room(self, need: int, victim_rank: int, protected: set[int], plan: StepPlan) -> bool:
+        """Free ``need`` blocks: unpin idle sessions (longest idle first), then preempt running requests whose
+        tier rank is ``victim_rank`` or lower (lowest tier, latest arrival first)."""
+        bm = self.blocks
+        while bm.num_free < need and self.idle:
+            _, session = self.idle.popitem(last=False)
+            session.drop_kv(bm)
+            plan.unpinned.append(session)
+            self.unpins += 1
+        while bm.num_free < need:
+            victims = [r for r in self.running if r.id not in protected and r.rank >= victim_rank]
+            if not victims:
+                return False
+            victim = max(victims, key=lambda r: (r.rank, r.seq))
+            self._preempt(victim, plan)
+        return bm.num_free >= need
+
+    def _preempt(self, req: Request, plan: StepPlan) -> None:
+        self.running.remove(req)
+        req.session.drop_kv(self.blocks)
+        req.state = State.WAITING
+        req.stats.preemptions += 1
+        req.enqueued_step = min(req.enqueued_step, self.step_no)
+        self.waiting.append(req)
+        self.preemptions += 1
+        plan.preempted.append(req)
+
+    # -- one step -------------------------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        self.step_no += 1
+        plan = StepPlan([], [], [])
+        bm = self.blocks
+        budget = self.max_tokens_per_step
+        scheduled: set[int] = set()
+
+        # 1. decodes
+        decodes = sorted((r for r in self.running if r.session.pending == 1 and r.admitted),
+                         key=lambda r: (r.rank, r.seq))
+        for req in decodes:
+            if budget <= 0:
+                break
+            if req.state is not State.RUNNING:  # preempted earlier in this loop
+                continue
+            s = req.session
+            need = s.blocks_needed(bm, s.num_cached + 1)
+            if need and not self._make_room(need, req.rank, scheduled | {req.id}, plan):
+                self._preempt(req, plan)
+                continue
+            s.ensure_slots(bm, s.num_cached + 1)
+            plan.items.append(ScheduledItem(req, s.num_cached, 1))
+            scheduled.add(req.id)
+            budget -= 1
+
+        # 2. prefill chunks: mid-prefill running requests, then the waiting queue
+        mid = sorted((r for r in self.running if r.id not in scheduled and r.session.pending > 0),
+                     key=lambda r: (r.rank, r.seq))
+        queue = sorted(self.waiting, key=self._wait_key)
+        for req in mid + queue:
+            if budget <= 0:
+                break
+            if req in plan.preempted:
+                continue
+            is_new = req.state is State.WAITING
+            if is_new and len(self.running) >= self.max_running:
+                break
+            s = req.session
+            if is_new and not s.block_table:
+                s.attach_prefix(bm)
+            chunk = min(s.pending, budget)
+            need = s.blocks_needed(bm, s.num_cached + chunk)
+            if need > bm.num_free:
+                # a prompt only preempts strictly lower tiers, so equal work never thrashes
+                self._make_room(need, req.rank + 1, scheduled | {req.id}, plan)
+            if need > bm.num_free:  # take what fits: the slack in the last block plus the free blocks
+                room = len(s.block_table) * bm.block_size + bm.num_free * bm.block_size - s.num_cached
+                chunk = min(chunk, room)
+                if chunk <= 0:
+                    break
+            s.ensure_slots(bm, s.num_cached + chunk)
+            if is_new:
+                self.waiting.remove(req)
+                self.running.append(req)
+                req.state = State.RUNNING
+                req.admitted = True
+            plan.items.append(ScheduledItem(req, s.num_cached, chunk))
+            scheduled.add(req.id)
+            budget -= chunk
+        return plan
+
+    def expired(self, now: float, timeout_s: float) -> list[Request]:
+        """Waiting requests never admitted within ``timeout_s`` (the engine fails them as overloaded)."""
+        return [r for r in self.waiting if not r.admitted and now - r.stats.arrival > timeout_s]
