@@ -19,7 +19,7 @@ EXOTEL = Dialect(
     sample_rate="sample_rate",
     custom_parameters="custom_parameters",
     encodings={"AUDIO/X-RAW": "l16le", "RAW/SLIN": "l16le"},
-    rates=frozenset({8000, 16000, 24000}),
+    rates={"l16le": frozenset({8000, 16000, 24000})},
     extra_start_fields=("account_sid", "from", "to"),
 )
 
@@ -66,4 +66,5 @@ class ExotelSerializer(MediaStreamSerializer):
         limit = MAX_CHUNK_BYTES // 2 // policy.multiple * policy.multiple
         pieces = -(-size // limit)
         per = -(-size // pieces // policy.multiple) * policy.multiple
-        return [frame for i in range(0, size, per) for frame in super().encode_audio(samples[i : i + per])]
+        encode = super().encode_audio
+        return [frame for i in range(0, size, per) for frame in encode(samples[i : i + per])]

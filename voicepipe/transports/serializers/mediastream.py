@@ -49,7 +49,7 @@ class Dialect:
     sample_rate: str  # "sampleRate" / "sample_rate"
     custom_parameters: str  # "customParameters" / "custom_parameters"
     encodings: dict[str, str]  # provider encoding name (upper-cased) -> voicepipe codec name
-    rates: frozenset[int]
+    rates: dict[str, frozenset[int]]  # voicepipe codec name -> sample rates the provider allows with it
     stream_in_outbound: bool = True  # whether outbound media/mark/clear carry the stream id
     extra_start_fields: tuple[str, ...] = ()  # copied from `start` into custom_parameters
     default_format: dict[str, Any] | None = None  # used when `start` has no media format (Twilio: fixed)
@@ -149,8 +149,8 @@ class MediaStreamSerializer(Serializer):
         if codec is None:
             raise ProtocolError("unsupported_codec", f"{d.name} encoding {encoding!r}"[:100])
         sample_rate = as_int(rate, "sample rate", "bad_start")
-        if sample_rate not in d.rates:
-            raise ProtocolError("unsupported_codec", f"{d.name} sample rate {sample_rate}")
+        if sample_rate not in d.rates.get(codec, ()):
+            raise ProtocolError("unsupported_codec", f"{d.name} {encoding} at {sample_rate} Hz")
         return codec, sample_rate
 
     def _on_media(self, message: dict[str, Any]) -> list[Event]:

@@ -25,7 +25,7 @@ PLIVO = Dialect(
     sample_rate="sampleRate",
     custom_parameters="customParameters",
     encodings={"AUDIO/X-MULAW": "pcmu", "AUDIO/X-L16": "l16le"},
-    rates=frozenset({8000, 16000}),
+    rates={"pcmu": frozenset({8000}), "l16le": frozenset({8000, 16000})},
     extra_start_fields=("accountId",),
 )
 

@@ -13,6 +13,8 @@ from typing import Literal
 from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES
 from voicepipe.transports.serializers.mediastream import Dialect, MediaStreamSerializer
 
+_8K, _8K_16K = frozenset({8000}), frozenset({8000, 16000})
+
 TELNYX = Dialect(
     name="telnyx",
     sequence="sequence_number",
@@ -23,7 +25,7 @@ TELNYX = Dialect(
     custom_parameters="custom_parameters",
     # L16 inside RTP is network byte order (RFC 3551 section 4.5.11); see `l16_byteorder`.
     encodings={"PCMU": "pcmu", "PCMA": "pcma", "L16": "l16be"},
-    rates=frozenset({8000, 16000}),
+    rates={"pcmu": _8K, "pcma": _8K, "l16be": _8K_16K, "l16le": _8K_16K},
     stream_in_outbound=False,
     extra_start_fields=("client_state", "call_session_id", "from", "to"),
 )

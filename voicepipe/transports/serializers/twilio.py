@@ -13,7 +13,7 @@ TWILIO = Dialect(
     sample_rate="sampleRate",
     custom_parameters="customParameters",
     encodings={"AUDIO/X-MULAW": "pcmu"},
-    rates=frozenset({8000}),
+    rates={"pcmu": frozenset({8000})},
     extra_start_fields=(),
 )
 
