@@ -102,7 +102,7 @@ class MediaStreamSerializer(Serializer):
             return [*self._reorder.drain(), *events]
         if event == "media":
             return self._reorder.push(seq, events[0]) if seq is not None else events
-        return [*(self._reorder.skip(seq) if seq is not None else []), *events]
+        return [*events, *(self._reorder.skip(seq) if seq is not None else [])]
 
     def _on_connected(self, message: dict[str, Any]) -> list[Event]:
         return [Connected(_str(message.get("protocol")), _str(message.get("version")))]
