@@ -1,1 +1,8 @@
-"""tts room (see DESIGN.md)."""
+"""tts room: text chunker, streaming Piper synthesis, sample-accurate playout cursor (see DESIGN.md)."""
+
+from voicepipe.tts.chunker import TextChunk, TextChunker
+from voicepipe.tts.cursor import Heard, PlayoutCursor, SpeechOrigin, WordTiming
+from voicepipe.tts.synthesizer import AudioFrame, ClauseAudio, SpeechStream, Synthesizer, load_aligned_voice
+
+__all__ = ["AudioFrame", "ClauseAudio", "Heard", "PlayoutCursor", "SpeechOrigin", "SpeechStream", "Synthesizer",
+           "TextChunk", "TextChunker", "WordTiming", "load_aligned_voice"]

@@ -1,0 +1,407 @@
+"""Streaming transcription: one worker thread and one model serve every call's `TranscriptStream`.
+
+While the caller speaks, each stream asks for a partial every `partial_interval_ms` of audio. The worker
+re-decodes the growing utterance (without whisper's 30 s padding) and LocalAgreement commits the words two
+successive decodes agree on. At the end of the turn, `finish()` queues the final, which goes before every
+partial. Work done during speech is reused: when a decode made during speech already covers the audio up to
+the end of speech (`end_sample`, from the VAD), its text is the final and no model runs; otherwise one
+decode of the whole utterance runs at once. Partial requests are coalesced per stream (a stream never has
+two waiting) and dropped when they have waited longer than `stale_partial_ms`.
+
+Callbacks run on the worker thread; keep them short (e.g. `loop.call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from voicepipe.audio import StreamResampler
+from voicepipe.config import STTSettings
+from voicepipe.stt.agreement import LocalAgreement, group_words
+from voicepipe.stt.decoder import SAMPLE_RATE, DecodeResult, WhisperDecoder
+from voicepipe.vad.samples import AudioInputError, check_rate, to_float32
+
+log = logging.getLogger(__name__)
+
+
+class STTOverloaded(RuntimeError):
+    """The shared worker has `max_queue` finals waiting; the caller should retry or fail the turn."""
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    is_final: bool
+    turn: int
+    stable_text: str = ""  # words committed (partials); the whole text for a final
+    audio_ms: float = 0.0  # audio of the turn the text covers
+    decode_ms: float = 0.0  # model time spent on this result (0 when reused)
+    reused: bool = False  # final taken from a decode made during speech
+
+
+@dataclass
+class _Turn:
+    id: int
+    capacity: int
+    buffer: np.ndarray = field(init=False)
+    n: int = 0
+    start_input: int = 0  # stream input sample where this turn began
+    segments: list[str] = field(default_factory=list)  # text of rolled-over 30 s segments
+    pending_segments: int = 0
+    rolled: int = 0  # 16 kHz samples already handed to segments
+    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    last: DecodeResult | None = None
+    requested_at: int = 0  # samples at the last partial request
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.buffer = np.zeros(self.capacity, dtype=np.float32)
+
+    def audio(self, upto: int | None = None) -> np.ndarray:
+        return self.buffer[: self.n if upto is None else min(upto, self.n)].copy()
+
+
+class TranscriptStream:
+    """One call's transcription. `push` audio as it arrives, `finish` at the end of each turn."""
+
+    def __init__(self, transcriber: Transcriber, stream_id: int, sample_rate: int, initial_prompt: str | None,
+                 hotwords: str | None, on_partial: Callable[[Transcript], None] | None,
+                 on_final: Callable[[Transcript], None] | None) -> None:
+        self.transcriber = transcriber
+        self.id = stream_id
+        self.sample_rate = check_rate(sample_rate, what="STT input")
+        self.on_partial = on_partial
+        self.on_final = on_final
+        self.context = transcriber.decoder.context_tokens(initial_prompt, hotwords)
+        self._resampler = (None if self.sample_rate == SAMPLE_RATE
+                           else StreamResampler(self.sample_rate, SAMPLE_RATE, dtype=np.float32))
+        self._lock = threading.Lock()
+        self._turn_ids = itertools.count()
+        self.samples_pushed = 0  # input samples since the stream opened
+        self.closed = False
+        self._turn = self._new_turn()
+
+    def _new_turn(self) -> _Turn:
+        return _Turn(next(self._turn_ids), self.transcriber.max_samples, start_input=self.samples_pushed)
+
+    @property
+    def turn(self) -> int:
+        return self._turn.id
+
+    def set_prompt(self, initial_prompt: str | None = None, hotwords: str | None = None) -> None:
+        """Bias the vocabulary of this call (e.g. business names); applies to the next decode."""
+        self.context = self.transcriber.decoder.context_tokens(initial_prompt, hotwords)
+
+    def push(self, samples: np.ndarray) -> None:
+        """Add caller audio (int16 or float32, the stream's rate). Zero-length chunks are a no-op."""
+        if self.closed:
+            raise RuntimeError("TranscriptStream is closed")
+        audio = to_float32(samples, "STT input")
+        if audio.size == 0:
+            return
+        with self._lock:
+            self.samples_pushed += len(audio)
+            if self._resampler is not None:
+                audio = self._resampler.process(audio)
+            turn = self._turn
+            while len(audio):
+                room = turn.capacity - turn.n
+                take = min(room, len(audio))
+                turn.buffer[turn.n: turn.n + take] = audio[:take]
+                turn.n += take
+                audio = audio[take:]
+                if turn.n == turn.capacity:
+                    self._roll_segment(turn)
+            due = turn.n - turn.requested_at >= self.transcriber.partial_samples
+            if due:
+                turn.requested_at = turn.n
+        if due:
+            self.transcriber._request_partial(self)
+
+    def _roll_segment(self, turn: _Turn) -> None:
+        """The turn outgrew the window: decode the full window as a segment and start a fresh one."""
+        audio = turn.audio()
+        index = len(turn.segments)
+        turn.segments.append("")
+        turn.pending_segments += 1
+        turn.rolled += turn.n
+        turn.n = 0
+        turn.requested_at = 0
+        turn.last = None
+        turn.agreement.reset()
+        self.transcriber._submit_segment(self, turn, index, audio)
+
+    def finish(self, end_sample: int | None = None) -> Future[Transcript]:
+        """End the turn: returns a future of the final transcript; the stream is ready for the next turn.
+
+        `end_sample` (input samples since the stream opened, e.g. the VAD's speech_end sample) marks where
+        speech ended; audio after it is silence and is not transcribed.
+        """
+        with self._lock:
+            turn = self._turn
+            turn.finished = True
+            end = turn.n
+            if end_sample is not None:
+                local = round((end_sample - turn.start_input) * SAMPLE_RATE / self.sample_rate) - turn.rolled
+                end = max(0, min(end, local))
+            self._turn = self._new_turn()
+        return self.transcriber._submit_final(self, turn, end)
+
+    def cancel_turn(self) -> None:
+        """Drop the current turn without a final (e.g. the VAD's speech was a false start)."""
+        with self._lock:
+            self._turn.finished = True
+            self._turn = self._new_turn()
+
+    def close(self) -> None:
+        self.cancel_turn()
+        self.closed = True
+        self.transcriber._forget(self)
+
+
+@dataclass
+class _FinalJob:
+    stream: TranscriptStream | None
+    turn: _Turn | None
+    end: int
+    future: Future
+    audio: np.ndarray | None = None  # for segments and one-shot transcriptions
+    segment: int | None = None
+    context: list[int] = field(default_factory=list)
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class TranscriberStats:
+    partials_done: int = 0
+    partials_dropped: int = 0
+    finals_done: int = 0
+    finals_reused: int = 0
+    decode_seconds: float = 0.0
+    audio_seconds: float = 0.0
+
+
+class Transcriber:
+    """The process-wide STT worker: one model, one thread, every call's streams."""
+
+    def __init__(self, model, settings: STTSettings | None = None, max_batch: int = 4,
+                 decoder: WhisperDecoder | None = None) -> None:
+        self.settings = s = settings or STTSettings()
+        self.decoder = decoder or WhisperDecoder(model, s.language, s.beam_size)
+        self.partial_samples = round(s.partial_interval_ms * SAMPLE_RATE / 1000)
+        self.max_samples = round(min(s.max_utterance_s, 30.0) * SAMPLE_RATE)
+        self.max_batch = max_batch
+        self.stats = TranscriberStats()
+        self._ids = itertools.count()
+        self._finals: deque[_FinalJob] = deque()
+        self._partials: OrderedDict[int, tuple[TranscriptStream, float]] = OrderedDict()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="stt-worker", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def load(cls, path, settings: STTSettings | None = None, device: str = "cpu", compute_type: str = "int8"):
+        from voicepipe.stt.model import load_whisper
+
+        s = settings or STTSettings()
+        return cls(load_whisper(path, device, compute_type, s.cpu_threads), s)
+
+    # --- public API -------------------------------------------------------------------------------
+    def open_stream(self, sample_rate: int = 16000, initial_prompt: str | None = None, hotwords: str | None = None,
+                    on_partial: Callable[[Transcript], None] | None = None,
+                    on_final: Callable[[Transcript], None] | None = None) -> TranscriptStream:
+        prompt = initial_prompt if initial_prompt is not None else self.settings.initial_prompt
+        words = hotwords if hotwords is not None else self.settings.hotwords
+        return TranscriptStream(self, next(self._ids), sample_rate, prompt, words, on_partial, on_final)
+
+    def transcribe(self, samples: np.ndarray, sample_rate: int = 16000, initial_prompt: str | None = None,
+                   hotwords: str | None = None, timeout: float | None = None) -> Transcript:
+        """Whole-utterance transcription through the same worker (final priority); blocks until done."""
+        return self.submit_transcribe(samples, sample_rate, initial_prompt, hotwords).result(timeout)
+
+    def submit_transcribe(self, samples: np.ndarray, sample_rate: int = 16000, initial_prompt: str | None = None,
+                          hotwords: str | None = None) -> Future[Transcript]:
+        audio = to_float32(samples, "STT input")
+        rate = check_rate(sample_rate, what="STT input")
+        if rate != SAMPLE_RATE and audio.size:
+            from voicepipe.audio import resample
+
+            audio = resample(audio, rate, SAMPLE_RATE)
+        context = self.decoder.context_tokens(initial_prompt, hotwords)
+        job = _FinalJob(None, None, len(audio), Future(), audio=audio, context=context)
+        self._enqueue_final(job)
+        return job.future
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> Transcriber:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- queueing ---------------------------------------------------------------------------------
+    def _request_partial(self, stream: TranscriptStream) -> None:
+        with self._cond:
+            if stream.id in self._partials:
+                self.stats.partials_dropped += 1  # coalesced: the waiting request will read the newer audio
+                return
+            self._partials[stream.id] = (stream, time.perf_counter())
+            self._cond.notify()
+
+    def _forget(self, stream: TranscriptStream) -> None:
+        with self._cond:
+            self._partials.pop(stream.id, None)
+
+    def _enqueue_final(self, job: _FinalJob) -> None:
+        with self._cond:
+            if self._stop:
+                raise RuntimeError("Transcriber is closed")
+            if len(self._finals) >= self.settings.max_queue:
+                job.future.set_exception(STTOverloaded(
+                    f"STT worker has {len(self._finals)} finals waiting (stt.max_queue)"))
+                return
+            self._finals.append(job)
+            self._cond.notify()
+
+    def _submit_final(self, stream: TranscriptStream, turn: _Turn, end: int) -> Future[Transcript]:
+        job = _FinalJob(stream, turn, end, Future(), context=stream.context)
+        self._enqueue_final(job)
+        return job.future
+
+    def _submit_segment(self, stream: TranscriptStream, turn: _Turn, index: int, audio: np.ndarray) -> None:
+        job = _FinalJob(stream, turn, len(audio), Future(), audio=audio, segment=index, context=stream.context)
+        self._enqueue_final(job)
+        if job.future.done() and job.future.exception() is not None:
+            turn.pending_segments -= 1  # overloaded: this segment's words are lost; say so
+            log.warning("STT overloaded: dropped a 30 s segment of stream %d", stream.id)
+
+    # --- the worker -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._finals and not self._partials:
+                    self._cond.wait()
+                if self._stop:
+                    for job in self._finals:
+                        job.future.cancel()
+                    return
+                if self._finals:
+                    final, partials = self._finals.popleft(), []
+                else:
+                    final, partials = None, self._take_partials()
+            try:
+                if final is not None:
+                    self._run_final(final)
+                elif partials:
+                    self._run_partials(partials)
+            except Exception as exc:  # a bad decode must not kill the worker that serves every call
+                log.exception("STT worker job failed")
+                if final is not None and not final.future.done():
+                    final.future.set_exception(exc)
+
+    def _take_partials(self) -> list[TranscriptStream]:
+        now = time.perf_counter()
+        limit = self.settings.stale_partial_ms / 1000
+        taken = []
+        while self._partials and len(taken) < self.max_batch:
+            _, (stream, requested) = self._partials.popitem(last=False)
+            if limit and now - requested > limit:
+                self.stats.partials_dropped += 1
+                continue
+            taken.append(stream)
+        return taken
+
+    def _decode(self, audios: list[np.ndarray], contexts: list[list[int]]) -> list[DecodeResult]:
+        start = time.perf_counter()
+        live = [i for i, a in enumerate(audios) if len(a) and float(np.sqrt(np.mean(a * a))) >= 1e-3]
+        results = [DecodeResult([], "", 1.0, 0.0, len(a), skipped=True) for a in audios]
+        if live:
+            decoded = self.decoder.decode_batch([audios[i] for i in live], [contexts[i] for i in live],
+                                                [[] for _ in live])
+            for i, r in zip(live, decoded, strict=True):
+                results[i] = r
+        self.stats.decode_seconds += time.perf_counter() - start
+        self.stats.audio_seconds += sum(len(a) for a in audios) / SAMPLE_RATE
+        return results
+
+    def _run_partials(self, streams: list[TranscriptStream]) -> None:
+        work = []
+        for stream in streams:
+            with stream._lock:
+                turn = stream._turn
+                if turn.finished or turn.n == 0 or stream.closed:
+                    continue
+                work.append((stream, turn, turn.audio()))
+        if not work:
+            return
+        start = time.perf_counter()
+        results = self._decode([w[2] for w in work], [w[0].context for w in work])
+        ms = (time.perf_counter() - start) * 1000
+        for (stream, turn, audio), result in zip(work, results, strict=True):
+            turn.last = result
+            turn.agreement.update(group_words(result.tokens, self.decoder.piece))
+            self.stats.partials_done += 1
+            if turn.finished or stream.on_partial is None:
+                continue
+            stable = _join(turn.segments, turn.agreement.committed_text)
+            text = _join(turn.segments, turn.agreement.text_with())
+            _call(stream.on_partial, Transcript(text, False, turn.id, stable, len(audio) / 16, ms))
+
+    def _run_final(self, job: _FinalJob) -> None:
+        start = time.perf_counter()
+        if job.turn is None:  # one-shot transcription
+            texts = []
+            for offset in range(0, max(len(job.audio), 1), 30 * SAMPLE_RATE):
+                texts.append(self._decode([job.audio[offset: offset + 30 * SAMPLE_RATE]], [job.context])[0].text)
+            ms = (time.perf_counter() - start) * 1000
+            job.future.set_result(Transcript(_join(texts[:-1], texts[-1]), True, -1, "", len(job.audio) / 16, ms))
+            return
+        turn = job.turn
+        if job.segment is not None:
+            turn.segments[job.segment] = self._decode([job.audio], [job.context])[0].text
+            turn.pending_segments -= 1
+            job.future.set_result(None)
+            return
+        last = turn.last
+        reused = last is not None and last.samples >= job.end > 0
+        if reused:
+            text = last.text
+            self.stats.finals_reused += 1
+        else:
+            text = self._decode([turn.audio(job.end)], [job.context])[0].text
+        self.stats.finals_done += 1
+        ms = 0.0 if reused else (time.perf_counter() - start) * 1000
+        full = _join(turn.segments, text)
+        result = Transcript(full, True, turn.id, full, job.end / 16, ms, reused)
+        job.future.set_result(result)
+        if job.stream is not None and job.stream.on_final is not None:
+            _call(job.stream.on_final, result)
+
+
+def _join(segments: list[str], text: str) -> str:
+    return " ".join(p for p in [*segments, text] if p).strip()
+
+
+def _call(callback: Callable[[Transcript], None], result: Transcript) -> None:
+    try:
+        callback(result)
+    except Exception:
+        log.exception("STT callback failed")
+
+
+__all__ = ["AudioInputError", "STTOverloaded", "Transcriber", "TranscriberStats", "Transcript", "TranscriptStream"]
