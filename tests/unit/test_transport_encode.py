@@ -195,3 +195,16 @@ def test_encoding_needs_int16_mono():
     with pytest.raises(ValueError):
         serializer.encode_audio(np.zeros((160, 2), dtype=np.int16))
     assert serializer.encode_audio(np.zeros(0, dtype=np.int16)) == []
+
+
+@pytest.mark.parametrize("provider", ["twilio", "telnyx", "exotel", "plivo"])
+def test_nothing_is_encoded_before_start(provider):
+    """The envelopes need the stream id and codec from start; encoding earlier is a programming error."""
+    serializer = make_serializer(provider)
+    for encode in (
+        serializer.encode_clear,
+        lambda: serializer.encode_mark("m"),
+        lambda: serializer.encode_audio(ramp(8)),
+    ):
+        with pytest.raises(RuntimeError, match="no start"):
+            encode()

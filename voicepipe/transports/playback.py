@@ -259,8 +259,14 @@ class PlaybackController:
         self._cut_pos += size
         self._next_index += 1
         mark = f"{self.mark_prefix}:{self.generation}:{index}" if self.uses_marks else None
-        origins = tuple(s.origin for s in self._segments if s.start < start + size and s.start + s.length > start)
-        self._queue.append(Chunk(audio, self.generation, index, start, origins, mark))
+        origins: list[object] = []
+        for seg in reversed(self._segments):  # the chunk is at the end: stop at the first segment before it
+            if seg.start + seg.length <= start:
+                break
+            if seg.start < start + size:
+                origins.append(seg.origin)
+        origins.reverse()
+        self._queue.append(Chunk(audio, self.generation, index, start, tuple(origins), mark))
 
     def _heard_at(self, cursor: int) -> list[Heard]:
         return [Heard(s.origin, max(0, min(cursor - s.start, s.length)), s.length) for s in self._segments]

@@ -204,6 +204,7 @@ class MediaStreamSerializer(Serializer):
         return [self._envelope("clear", {})]
 
     def _envelope(self, event: str, body: dict[str, Any]) -> str:
+        self._require_start()  # the envelope needs the stream id; Twilio rejects missing fields
         message: dict[str, Any] = {"event": event}
         if self.dialect.stream_in_outbound:
             message[self.dialect.stream] = self.stream_id

@@ -81,9 +81,11 @@ class PlivoSerializer(MediaStreamSerializer):
         return [dumps({"event": "playAudio", "media": media})]
 
     def encode_mark(self, name: str) -> list[Frame]:
+        self._require_start()
         return [dumps({"event": "checkpoint", "streamId": self.stream_id, "name": name})]
 
     def encode_clear(self) -> list[Frame]:
+        self._require_start()
         return [dumps({"event": "clearAudio", "streamId": self.stream_id})]
 
 
