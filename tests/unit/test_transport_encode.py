@@ -208,3 +208,10 @@ def test_nothing_is_encoded_before_start(provider):
     ):
         with pytest.raises(RuntimeError, match="no start"):
             encode()
+
+
+def test_plivo_checkpoint_ack_under_either_documented_name():
+    serializer = started("plivo")
+    for event in ("playedStream", "played"):
+        message = {"event": event, "streamId": "87654321-4321-4321-4321-cba987654321", "name": "vp:0:3"}
+        assert [e.name for e in serializer.decode(json.dumps(message))] == ["vp:0:3"]

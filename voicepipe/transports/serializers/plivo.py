@@ -39,7 +39,8 @@ class PlivoSerializer(MediaStreamSerializer):
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         super().__init__(max_frame_bytes)
-        self._handlers.update(playedStream=self._on_played, clearedAudio=lambda _: [Cleared()])
+        # `played` is the name one Plivo support article gives the checkpoint ack; the reference says playedStream
+        self._handlers.update(playedStream=self._on_played, played=self._on_played, clearedAudio=lambda _: [Cleared()])
         del self._handlers["connected"], self._handlers["error"]
 
     def _on_start(self, message: dict[str, Any]) -> list[Event]:
