@@ -205,7 +205,7 @@ class LLMEngine:
         self._sessions: dict[int, Session] = {}
         self.counters = {"requests": 0, "finished": 0, "cancelled": 0, "errors": 0, "overloaded": 0,
                          "compactions": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
-                         "steps": 0}
+                         "steps": 0, "max_batch": 0}
         self.crashed: BaseException | None = None
 
     @staticmethod
@@ -433,6 +433,7 @@ class LLMEngine:
                     for s in plan.unpinned:
                         log.debug("unpinned idle session %d", s.id)
                     now = time.monotonic()
+                    self.counters["max_batch"] = max(self.counters["max_batch"], len(plan.items))
                     for item in plan.items:
                         st = item.request.stats
                         if st.first_scheduled is None:

@@ -1,0 +1,187 @@
+"""The LLM engine against the oracle: greedy output equals ``model.generate(do_sample=False)`` token for token.
+
+Real SmolLM2-135M weights. The engine and the reference use two separately loaded copies of the model, so the
+engine's registered attention function cannot leak into the reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from voicepipe.config import LLMSettings
+from voicepipe.llm.engine import LLMEngine
+from voicepipe.llm.loader import load_causal_lm
+from voicepipe.models import resolve_model
+
+pytestmark = pytest.mark.e2e
+
+N = 12  # reply tokens per generation: short, to keep CPU CI fast
+SYSTEM = ("You are a friendly voice assistant for a small bakery called Crumb & Co. You answer questions about "
+          "opening hours, prices and orders. Opening hours are 7am to 6pm on weekdays and 8am to 2pm on Saturdays; "
+          "the shop is closed on Sundays. A loaf of sourdough costs 6 dollars, a baguette 3 dollars, and a "
+          "croissant 2 dollars 50. Orders over 40 dollars get free delivery within five miles. Keep every answer "
+          "short, friendly and easy to say out loud.")
+
+
+@pytest.fixture(scope="module")
+def llm_path(settings):
+    return resolve_model(settings.models.llm, "llm", settings.paths.models_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(llm_path):
+    model, tokenizer = load_causal_lm(llm_path, "cpu", "float32")
+    return model, tokenizer
+
+
+def greedy_reference(reference, prompt_ids: list[int], n: int = N) -> list[int]:
+    model, _ = reference
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
+                             dtype=torch.long), do_sample=False, max_new_tokens=n)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def make_engine(llm_path, **overrides) -> LLMEngine:
+    model, tokenizer = load_causal_lm(llm_path, "cpu", "float32")
+    engine = LLMEngine(model, tokenizer, LLMSettings(**{"kv_cache_mib": 128, **overrides}))
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(llm_path):
+    engine = make_engine(llm_path)
+    yield engine
+    engine.stop()
+
+
+async def run(gen):
+    pieces = [piece async for piece in gen]
+    return pieces
+
+
+async def test_one_prompt_matches_generate(engine, reference):
+    messages = [{"role": "user", "content": "Name three farm animals."}]
+    gen = engine.generate(None, messages, max_tokens=N)
+    pieces = await run(gen)
+    prompt = reference[1].apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert gen.stats.prompt_tokens == len(prompt)
+    assert gen.token_ids == greedy_reference(reference, prompt)
+    assert "".join(p.text for p in pieces) == gen.text
+    assert sum(len(p.token_ids) for p in pieces) == len(gen.token_ids)
+    assert gen.stats.ttft is not None and gen.stats.output_tokens == len(gen.token_ids)
+    assert len(gen.stats.itls) == len(gen.token_ids) - 1
+
+
+async def test_four_prompts_batched_match_generate(engine, reference):
+    prompts = ["Hi.", "What is the boiling point of water in Celsius?",
+               "Write one sentence about the sea, then one about the mountains, and one about the sky.",
+               "Count from one to five. " * 6]
+    before = engine.stats()["max_batch"]
+    gens = [engine.generate(None, [{"role": "user", "content": p}], max_tokens=N) for p in prompts]
+    await asyncio.gather(*(run(g) for g in gens))
+    assert engine.stats()["max_batch"] >= 2 or before >= 2  # they really shared steps
+    for p, g in zip(prompts, gens, strict=True):
+        ids = reference[1].apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                               return_dict=False)
+        assert g.token_ids == greedy_reference(reference, ids), p
+
+
+async def test_five_turn_session_hits_cache_and_matches_generate(engine, reference):
+    tokenizer = reference[1]
+    session = engine.open_session(SYSTEM)
+    questions = ["When do you open on Saturday?", "How much is a baguette?", "And a croissant?",
+                 "Do you deliver?", "Thanks, bye!"]
+    held = 0
+    for turn, q in enumerate(questions):
+        gen = engine.generate(session, [{"role": "user", "content": q}], max_tokens=N)
+        await run(gen)
+        prompt = session.ids[:gen.stats.prompt_tokens]
+        # the history is kept as is: the new prompt extends the previous turn's ids
+        assert gen.stats.prompt_tokens > held
+        # incremental rendering gives the same ids as tokenizing the whole rendered conversation
+        assert prompt == tokenizer(session.text, add_special_tokens=False)["input_ids"]
+        if turn > 0:
+            # everything already computed is reused: only the new message (and the last reply token) is prefilled
+            assert gen.stats.cached_prompt_tokens >= held - 1
+            assert gen.stats.cached_prompt_tokens / gen.stats.prompt_tokens > 0.7
+        assert gen.token_ids == greedy_reference(reference, prompt), f"turn {turn}"
+        held = len(session.ids)
+    engine.close_session(session)
+
+
+async def test_shared_system_prompt_three_sessions_one_set_of_blocks(engine):
+    sessions = [engine.open_session(SYSTEM) for _ in range(3)]
+    gens = []
+    for i, s in enumerate(sessions):
+        g = engine.generate(s, [{"role": "user", "content": f"Question {i}: are you open today?"}], max_tokens=2)
+        await run(g)
+        gens.append(g)
+    bs = engine.blocks.block_size
+    system_ids = sessions[0].ids[:sessions[0].ids.index(2) + 1]  # up to the system turn's <|im_end|>
+    shared = len(system_ids) // bs
+    assert shared >= 4
+    assert sessions[1].block_table[:shared] == sessions[0].block_table[:shared]
+    assert sessions[2].block_table[:shared] == sessions[0].block_table[:shared]
+    for b in sessions[0].block_table[:shared]:
+        assert engine.blocks.ref_count[b] == 3
+    for g in gens[1:]:
+        assert g.stats.cached_prompt_tokens >= shared * bs
+    for s in sessions:
+        engine.close_session(s)
+    await asyncio.sleep(0)
+    st = engine.stats()
+    assert st["blocks_used"] == 0 and st["blocks_free"] == st["blocks_total"]
+
+
+async def test_truncate_then_one_more_turn_matches_generate(engine, reference):
+    session = engine.open_session(SYSTEM)
+    gen = engine.generate(session, [{"role": "user", "content": "Tell me about your bread."}], max_tokens=N,
+                          ignore_eos=True)
+    await run(gen)
+    assert len(gen.token_ids) == N
+    start = gen.stats.prompt_tokens
+    engine.rollback_reply(session, 5)  # the caller heard 5 tokens, then barged in
+    assert session.ids == session.ids[:start] + gen.token_ids[:5]
+    assert len(session.ids) == start + 5
+    gen2 = engine.generate(session, [{"role": "user", "content": "Sorry, how much is the sourdough?"}],
+                           max_tokens=N)
+    await run(gen2)
+    prompt = session.ids[:gen2.stats.prompt_tokens]
+    assert prompt[:start + 5] == session.ids[:start] + gen.token_ids[:5]
+    assert session.messages[-2] == {"role": "assistant", "content": reference[1].decode(gen.token_ids[:5])}
+    assert gen2.stats.cached_prompt_tokens >= (start + 5) // engine.blocks.block_size * engine.blocks.block_size
+    assert gen2.token_ids == greedy_reference(reference, prompt)
+    engine.close_session(session)
+
+
+async def test_preempted_request_resumes_and_matches_generate(llm_path, reference):
+    # a pool of 6 blocks x 16 tokens: two of these requests cannot both hold their KV
+    engine = make_engine(llm_path, kv_cache_mib=4, block_size=16, max_tokens_per_step=64)
+    try:
+        assert engine.blocks.num_blocks <= 6
+        low_msgs = [{"role": "user", "content": "List some colours of the rainbow please."}]
+        high_msgs = [{"role": "user", "content": "List some kinds of fruit please, thanks."}]
+        n = 24
+        low = engine.generate(None, low_msgs, tier="flex", max_tokens=n, ignore_eos=True)
+        low_task = asyncio.ensure_future(run(low))
+        while not low.token_ids:
+            await asyncio.sleep(0.01)
+        high = engine.generate(None, high_msgs, tier="priority", max_tokens=n, ignore_eos=True)
+        await asyncio.gather(run(high), low_task)
+        assert low.stats.preemptions >= 1 and high.stats.preemptions == 0
+        assert engine.stats()["preemptions"] >= 1
+        tok = reference[1]
+        for msgs, g in ((low_msgs, low), (high_msgs, high)):
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+            model, _ = reference
+            with torch.inference_mode():
+                out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n)
+            assert g.token_ids == out[0, len(ids):].tolist()
+        assert engine.stats()["blocks_used"] == 0
+    finally:
+        engine.stop()

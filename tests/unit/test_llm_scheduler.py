@@ -1,0 +1,161 @@
+"""Scheduler policy (pure logic, no model): tier order, token budget, flex aging, memory pressure."""
+
+from __future__ import annotations
+
+from voicepipe.llm.blocks import BlockManager
+from voicepipe.llm.request import Request, State
+from voicepipe.llm.sampling import SamplingParams
+from voicepipe.llm.scheduler import Scheduler
+from voicepipe.llm.session import Session
+
+BS = 4
+
+
+def make_request(n_prompt: int, tier: str = "default", max_tokens: int = 4, base: int = 0) -> Request:
+    session = Session(ids=[base + i for i in range(n_prompt)])
+    return Request(session=session, params=SamplingParams(max_tokens=max_tokens), tier=tier)
+
+
+def run_step(sched: Scheduler):
+    """One step with a fake model: commit the scheduled tokens, 'sample' token 7, finish at max_tokens."""
+    plan = sched.schedule()
+    for item in plan.items:
+        req = item.request
+        req.session.commit(sched.blocks, item.n_tokens)
+        if item.samples:
+            req.session.ids.append(7)
+            req.output_ids.append(7)
+            if len(req.output_ids) >= req.params.max_tokens:
+                sched.remove(req)
+                sched.session_idle(req.session)
+    return plan
+
+
+def test_tier_order_then_arrival():
+    sched = Scheduler(BlockManager(64, BS), max_tokens_per_step=8, max_running=8)
+    flex = make_request(8, "flex", base=100)
+    default1 = make_request(8, "default", base=200)
+    priority = make_request(8, "priority", base=300)
+    default2 = make_request(8, "default", base=400)
+    for r in (flex, default1, priority, default2):
+        sched.add(r)
+    admitted = []
+    for _ in range(30):
+        plan = run_step(sched)
+        admitted += [it.request for it in plan.items if it.start == 0]
+    assert admitted == [priority, default1, default2, flex]
+
+
+def test_token_budget_decodes_first_then_chunked_prefill():
+    sched = Scheduler(BlockManager(256, BS), max_tokens_per_step=16, max_running=8)
+    short = [make_request(3, max_tokens=50, base=100 * i) for i in range(3)]
+    for r in short:
+        sched.add(r)
+    run_step(sched)  # prefills the three short prompts (9 tokens)
+    long = make_request(100, max_tokens=2, base=5000)
+    sched.add(long)
+    chunks = []
+    for _ in range(12):
+        plan = run_step(sched)
+        assert plan.num_tokens <= 16
+        decodes = [it for it in plan.items if it.request in short]
+        assert all(it.n_tokens == 1 for it in decodes)
+        # decodes come before any prefill chunk in the plan
+        kinds = ["d" if it.request in short else "p" for it in plan.items]
+        assert kinds == sorted(kinds)
+        chunks += [it.n_tokens for it in plan.items if it.request is long and it.start < 100]
+    assert chunks[0] == 13  # 16 minus the three decodes
+    assert sum(chunks) == 100 and len(chunks) == 8  # 7 chunks of 13, then the last 9
+    assert max(chunks) <= 13
+
+
+def test_flex_progresses_under_constant_priority_load():
+    def flex_wait(aging: int) -> int | None:
+        sched = Scheduler(BlockManager(512, BS), max_tokens_per_step=4, max_running=1, flex_aging_steps=aging)
+        flex = make_request(4, "flex", max_tokens=1)
+        sched.add(flex)
+        for step in range(60):
+            sched.add(make_request(4, "priority", max_tokens=1, base=1000 + step * 10))
+            run_step(sched)
+            if flex.state is State.FINISHED:
+                return step
+        return None
+
+    assert flex_wait(aging=10) is not None and flex_wait(aging=10) <= 12
+    assert flex_wait(aging=10_000) is None  # without aging, priority load would starve it
+
+
+def test_idle_sessions_unpinned_before_running_preempted():
+    bm = BlockManager(5, BS)
+    sched = Scheduler(bm, max_tokens_per_step=64, max_running=8)
+    idle_req = make_request(8, max_tokens=1, base=500)  # keeps its 2 blocks after its reply
+    sched.add(idle_req)
+    run_step(sched)
+    assert idle_req.state is State.FINISHED and idle_req.session.block_table
+    assert list(sched.idle) == [idle_req.session.id]
+
+    running = make_request(8, "flex", max_tokens=20, base=0)
+    sched.add(running)
+    run_step(sched)
+    newcomer = make_request(4, "priority", max_tokens=20, base=900)
+    sched.add(newcomer)
+    plan = run_step(sched)
+    # memory ran short: the idle session went first, nobody running was preempted
+    assert idle_req.session in plan.unpinned
+    assert idle_req.session.block_table == [] and idle_req.session.num_cached == 0
+    assert plan.preempted == [] and running.state is State.RUNNING
+    assert newcomer.state is State.RUNNING
+
+    # keep decoding until the pool is exhausted again: now the lowest tier is preempted
+    preempted = []
+    for _ in range(12):
+        preempted += run_step(sched).preempted
+        if preempted:
+            break
+    assert preempted == [running]
+    assert running.state is State.WAITING and running.session.block_table == []
+    assert newcomer.state is State.RUNNING
+    assert sched.preemptions == 1
+
+
+def test_preempted_request_resumes_and_recomputes():
+    bm = BlockManager(5, BS)
+    sched = Scheduler(bm, max_tokens_per_step=64, max_running=8)
+    low = make_request(6, "flex", max_tokens=6, base=0)
+    high = make_request(6, "priority", max_tokens=6, base=100)
+    sched.add(low)
+    sched.add(high)
+    for _ in range(40):
+        run_step(sched)
+        if low.state is State.FINISHED and high.state is State.FINISHED:
+            break
+    assert high.state is State.FINISHED and low.state is State.FINISHED
+    assert len(low.output_ids) == 6 and len(high.output_ids) == 6
+    assert low.stats.preemptions >= 1 and high.stats.preemptions == 0
+
+
+def test_pool_never_overcommits():
+    bm = BlockManager(10, BS)
+    sched = Scheduler(bm, max_tokens_per_step=32, max_running=16)
+    reqs = [make_request(7, tier, max_tokens=9, base=100 * i)
+            for i, tier in enumerate(["flex", "default", "priority"] * 3)]
+    for r in reqs:
+        sched.add(r)
+    for _ in range(400):
+        run_step(sched)
+        bm.check()
+        for r in sched.running:
+            assert len(r.session.block_table) * BS >= r.session.num_cached
+        if all(r.state is State.FINISHED for r in reqs):
+            break
+    assert all(len(r.output_ids) == 9 for r in reqs)
+
+
+def test_expired_lists_only_never_admitted_requests():
+    sched = Scheduler(BlockManager(8, BS))
+    r = make_request(4)
+    r.stats.arrival = 0.0
+    sched.add(r)
+    assert sched.expired(now=100.0, timeout_s=30.0) == [r]
+    run_step(sched)
+    assert sched.expired(now=100.0, timeout_s=30.0) == []

@@ -1,0 +1,210 @@
+"""The OpenAI-compatible endpoints, served by the same engine as the voice calls."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import PurePath
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from voicepipe.llm.api.errors import APIError, api_error_handler, bad_request, overloaded, validation_error_handler
+from voicepipe.llm.api.schemas import ChatCompletionRequest, CompletionRequest
+from voicepipe.llm.constraints import constraint_for
+from voicepipe.llm.errors import (
+    ContextOverflowError,
+    EngineStoppedError,
+    InvalidRequestError,
+    LLMError,
+    OverloadedError,
+)
+from voicepipe.llm.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 256
+
+
+def served_model_id(spec: str) -> str:
+    """The id clients use: the default model name, or the last part of a path or hub id."""
+    return PurePath(spec).name or spec
+
+
+def create_openai_router(app: FastAPI) -> APIRouter:
+    """Build the /v1 router and install OpenAI-shaped error handlers on ``app``."""
+    app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    router = APIRouter(prefix="/v1", dependencies=[Depends(_check_api_key)])
+    router.add_api_route("/models", _list_models, methods=["GET"])
+    router.add_api_route("/chat/completions", _chat_completions, methods=["POST"])
+    router.add_api_route("/completions", _completions, methods=["POST"])
+    return router
+
+
+async def _check_api_key(request: Request, authorization: str | None = Header(None)) -> None:
+    key = request.app.state.settings.server.api_key
+    if key is None:
+        return
+    if authorization != f"Bearer {key.get_secret_value()}":
+        raise APIError(401, "Incorrect API key provided.", "invalid_request_error", code="invalid_api_key")
+
+
+def _engine(request: Request):
+    runtime = request.app.state.runtime
+    engine = getattr(runtime, "engine", None)
+    if engine is None:
+        raise APIError(503, "the model is still loading.", "server_error", code="model_loading", retry_after=5)
+    return engine
+
+
+def _check_model(request: Request, model: str) -> str:
+    served = served_model_id(request.app.state.settings.models.llm)
+    if model != served:
+        raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error", "model",
+                       "model_not_found")
+    return served
+
+
+async def _list_models(request: Request) -> dict:
+    served = served_model_id(request.app.state.settings.models.llm)
+    return {"object": "list", "data": [{"id": served, "object": "model", "created": 0, "owned_by": "voicepipe"}]}
+
+
+def _tier(requested: str | None) -> str:
+    return "default" if requested in (None, "auto") else requested
+
+
+def _sampling(body, engine, response_format: dict | None = None) -> SamplingParams:
+    limit = body.token_limit() if isinstance(body, ChatCompletionRequest) else body.max_tokens
+    return SamplingParams(
+        max_tokens=limit or DEFAULT_MAX_TOKENS,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=body.stop_list(),
+        constraint=constraint_for(response_format, engine.grammar_tokenizer),
+    )
+
+
+async def _chat_completions(body: ChatCompletionRequest, request: Request):
+    engine = _engine(request)
+    model = _check_model(request, body.model)
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    response_format = None
+    if body.response_format is not None:
+        response_format = body.response_format.model_dump(by_alias=True)
+        if body.response_format.json_schema is not None:
+            response_format["schema"] = body.response_format.json_schema.schema_
+    params = _with_errors(lambda: _sampling(body, engine, response_format))
+    return await _respond(engine, messages, params, body, model, chat=True)
+
+
+async def _completions(body: CompletionRequest, request: Request):
+    engine = _engine(request)
+    model = _check_model(request, body.model)
+    params = _with_errors(lambda: _sampling(body, engine))
+    return await _respond(engine, body.prompt_text(), params, body, model, chat=False)
+
+
+def _with_errors(fn):
+    try:
+        return fn()
+    except LLMError as exc:
+        raise _api_error(exc) from None
+
+
+def _api_error(exc: LLMError) -> APIError:
+    if isinstance(exc, OverloadedError):
+        return overloaded(exc.message)
+    if isinstance(exc, EngineStoppedError):
+        return APIError(503, exc.message, "server_error", code="engine_stopped", retry_after=5)
+    if isinstance(exc, ContextOverflowError):
+        return bad_request(exc.message, "messages", "context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return bad_request(exc.message)
+    return APIError(500, exc.message, "server_error")
+
+
+async def _respond(engine, prompt: list[dict] | str, params: SamplingParams, body, model: str, chat: bool):
+    tier = _tier(body.service_tier)
+    try:
+        generation = engine.generate(None, prompt, tier=tier, params=params) if chat else \
+            engine.complete(prompt, tier=tier, params=params)
+        pieces = aiter(generation)
+        first = await anext(pieces, None)  # admission errors become HTTP errors, before any header is sent
+    except LLMError as exc:
+        raise _api_error(exc) from None
+    meta = _Meta(model=model, tier=tier, chat=chat)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(meta, generation, first, pieces, include_usage), media_type="text/event-stream")
+    text = first.text if first else ""
+    async for piece in pieces:
+        text += piece.text
+    return JSONResponse(meta.final(generation, text))
+
+
+class _Meta:
+    def __init__(self, model: str, tier: str, chat: bool) -> None:
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model, self.tier, self.chat = model, tier, chat
+
+    def envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "service_tier": self.tier, "system_fingerprint": "voicepipe", "choices": choices}
+
+    def final(self, generation, text: str) -> dict[str, Any]:
+        reason = _finish_reason(generation)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                      "logprobs": None}
+            body = self.envelope("chat.completion", [choice])
+        else:
+            body = self.envelope("text_completion", [{"index": 0, "text": text, "finish_reason": reason,
+                                                      "logprobs": None}])
+        body["usage"] = usage(generation)
+        return body
+
+    def chunk(self, delta: dict | None = None, text: str | None = None, reason: str | None = None) -> dict[str, Any]:
+        if self.chat:
+            return self.envelope("chat.completion.chunk", [{"index": 0, "delta": delta or {}, "finish_reason": reason,
+                                                            "logprobs": None}])
+        return self.envelope("text_completion", [{"index": 0, "text": text or "", "finish_reason": reason,
+                                                  "logprobs": None}])
+
+
+def _finish_reason(generation) -> str:
+    return "length" if generation.finish_reason == "length" else "stop"
+
+
+def usage(generation) -> dict[str, Any]:
+    stats = generation.stats
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.output_tokens,
+            "total_tokens": stats.prompt_tokens + stats.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens}}
+
+
+async def _sse(meta: _Meta, generation, first, pieces: AsyncIterator, include_usage: bool) -> AsyncIterator[str]:
+    def event(payload: dict) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    # Leaving this generator early (the client went away) closes `pieces`, which cancels the request.
+    if meta.chat:
+        yield event(meta.chunk(delta={"role": "assistant", "content": ""}))
+    if first is not None:
+        yield event(meta.chunk(delta={"content": first.text}, text=first.text))
+    async for piece in pieces:
+        yield event(meta.chunk(delta={"content": piece.text}, text=piece.text))
+    yield event(meta.chunk(reason=_finish_reason(generation)))
+    if include_usage:
+        tail = meta.envelope("chat.completion.chunk" if meta.chat else "text_completion", [])
+        tail["usage"] = usage(generation)
+        yield event(tail)
+    yield "data: [DONE]\n\n"

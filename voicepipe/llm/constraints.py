@@ -1,0 +1,79 @@
+"""Constrained decoding for JSON mode, with llguidance.
+
+llguidance computes the set of allowed next tokens from a grammar (here compiled from a JSON schema)
+in Rust, on the CPU, in tens of microseconds per token, and has no dependency of its own; the mask
+is applied to the logits on whichever device they live, so the same code serves CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from voicepipe.llm.errors import InvalidRequestError
+
+_ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+_COMPACT = {"whitespace_flexible": False}
+
+
+class GrammarTokenizer:
+    """The llguidance view of a tokenizer; building it takes about a second, so build it once."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, hf_tokenizer) -> None:
+        self._hf_tokenizer = hf_tokenizer
+        self._ll_tokenizer = None
+
+    def get(self):
+        with self._lock:
+            if self._ll_tokenizer is None:
+                import llguidance.hf
+
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer)
+            return self._ll_tokenizer
+
+
+class JsonConstraint:
+    """Allows only tokens that keep the output a prefix of a JSON value matching ``schema``."""
+
+    def __init__(self, tokenizer: GrammarTokenizer, schema: dict[str, Any] | None = None) -> None:
+        from llguidance import LLMatcher
+
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(schema or _ANY_JSON_OBJECT, defaults=_COMPACT)
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid JSON schema: {exc}") from None
+        self._matcher = LLMatcher(tokenizer.get(), grammar, log_level=0)
+        if self._matcher.is_error():
+            raise InvalidRequestError(f"unsupported JSON schema: {self._matcher.get_error()}")
+
+    def allowed(self, vocab_size: int) -> torch.Tensor:
+        """A bool mask over the vocabulary of the tokens allowed next."""
+        packed = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        bits = np.unpackbits(packed, bitorder="little")[:vocab_size]
+        mask = np.zeros(vocab_size, dtype=bool)
+        mask[: len(bits)] = bits.astype(bool)
+        return torch.from_numpy(mask)
+
+    def accept(self, token_id: int) -> None:
+        self._matcher.consume_token(token_id)
+
+    @property
+    def finished(self) -> bool:
+        """True once the JSON value is complete (the only token left is end-of-sequence)."""
+        return self._matcher.is_stopped()
+
+
+def constraint_for(response_format: dict[str, Any] | None, tokenizer: GrammarTokenizer) -> JsonConstraint | None:
+    """The constraint for an OpenAI ``response_format`` (None for plain text)."""
+    if not response_format or response_format.get("type") in (None, "text"):
+        return None
+    if response_format["type"] == "json_object":
+        return JsonConstraint(tokenizer)
+    if response_format["type"] == "json_schema":
+        return JsonConstraint(tokenizer, response_format.get("schema") or _ANY_JSON_OBJECT)
+    raise InvalidRequestError(f"unknown response_format type {response_format['type']!r}")
