@@ -73,7 +73,7 @@ class VADSettings(Section):
     neg_threshold: float | None = Field(None, gt=0.0, lt=1.0)
     min_speech_ms: int = Field(96, ge=0, le=5000)  # speech shorter than this is not a turn
     min_silence_ms: int = Field(160, ge=0, le=5000)  # silence that ends a speech segment
-    padding_ms: int = Field(30, ge=0, le=1000)  # added before speech_start and after speech_end
+    padding_ms: int = Field(20, ge=0, le=1000)  # added before speech_start and after speech_end
     end_of_turn_silence_ms: int = Field(600, ge=0, le=10000)  # silence after speech_end that ends the turn
 
 

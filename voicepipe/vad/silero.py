@@ -73,8 +73,8 @@ class VADStream:
 
     - speech_start: once `min_speech_ms` of windows are at or above the threshold; its sample is where the
       first of those windows began, minus `padding_ms` (never before the previous speech_end).
-    - speech_end: once `min_silence_ms` of windows are below the silence threshold; its sample is where the
-      silence began, plus `padding_ms`.
+    - speech_end: once `min_silence_ms` of windows are below the silence threshold; its sample is the end of
+      the last window at or above the threshold, plus `padding_ms`.
     Memory is constant: at most one window of audio is held, whatever the input length.
     """
 
@@ -104,6 +104,7 @@ class VADStream:
         self._cand_start: int | None = None
         self._silence_start: int | None = None
         self._last_end = 0
+        self._voiced_end = 0
         self.last_prob = 0.0
         self.speech_samples = 0  # model-rate samples in speech segments so far (closed ones + the open one)
         self._segment_start = 0
@@ -158,6 +159,7 @@ class VADStream:
         self.last_prob = prob
         if prob >= self.threshold:
             self._silence_start = None
+            self._voiced_end = self._model_pos
             if not self.in_speech:
                 if self._cand_start is None:
                     self._cand_start = start
@@ -177,7 +179,7 @@ class VADStream:
         if self._silence_start is None:
             self._silence_start = start
         if self._model_pos - self._silence_start >= self._min_silence:
-            end = min(self._silence_start + self._pad, self._model_pos)
+            end = min(max(self._voiced_end, self._segment_start) + self._pad, self._model_pos)
             self.in_speech = False
             self._silence_start = None
             self._last_end = end
@@ -227,6 +229,17 @@ class TurnDetector:
         return TurnView(self.speech_seen, self.stream.in_speech, silence, speech_ms, self.transcript)
 
     def push(self, samples: np.ndarray) -> list[VADEvent]:
+        """Push audio of any length; the policy is asked after every model window, so the events do not
+        depend on how the audio was chunked."""
+        step = WINDOW * self.stream.sample_rate // MODEL_RATE
+        if len(samples) <= step:
+            return self._push_window(samples)
+        out: list[VADEvent] = []
+        for i in range(0, len(samples), step):
+            out += self._push_window(samples[i: i + step])
+        return out
+
+    def _push_window(self, samples: np.ndarray) -> list[VADEvent]:
         events = self.stream.push(samples)
         out: list[VADEvent] = []
         for ev in events:

@@ -1,0 +1,41 @@
+"""Fixtures for the speech rooms' end-to-end tests: the real VAD, STT and TTS models, and the spoken corpus."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.speech_corpus import Corpus, build_corpora
+from voicepipe.config import Settings
+from voicepipe.devices import resolve_device, stt_compute_type
+from voicepipe.models import resolve_model
+from voicepipe.stt import Transcriber
+from voicepipe.tts import Synthesizer
+from voicepipe.vad import SileroVAD
+
+
+@pytest.fixture(scope="session")
+def silero(settings: Settings) -> SileroVAD:
+    return SileroVAD.load(resolve_model(settings.models.vad, "vad", settings.paths.models_dir))
+
+
+@pytest.fixture(scope="session")
+def transcriber(settings: Settings):
+    device = resolve_device(settings.device)
+    path = resolve_model(settings.models.stt, "stt", settings.paths.models_dir)
+    stt = Transcriber.load(path, settings.stt, device, stt_compute_type(settings.device))
+    yield stt
+    stt.close()
+
+
+@pytest.fixture(scope="session")
+def synthesizer(settings: Settings):
+    path = resolve_model(settings.models.tts, "tts", settings.paths.models_dir)
+    synth = Synthesizer.load(path, settings.tts)
+    yield synth
+    synth.close()
+
+
+@pytest.fixture(scope="session")
+def corpora(synthesizer: Synthesizer) -> dict[str, Corpus]:
+    """The espeak-ng and Piper corpora (built once, cached under tests/.generated/)."""
+    return build_corpora(synthesizer.voice)
