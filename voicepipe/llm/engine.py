@@ -298,6 +298,18 @@ class LLMEngine:
             raise InvalidRequestError("the session has no reply to roll back.", "call it after a generation.")
         self.truncate(session, min(len(session.ids), session.reply_start + max(0, heard_tokens)))
 
+    def history(self, session: Session) -> list[dict[str, str]]:
+        """The conversation as messages, including the last reply (which ``session.messages`` only gets when the
+        next turn starts, so that a barge-in rollback can still cut it)."""
+        with self._lock:
+            messages = list(session.messages)
+            if session.reply_start is not None and not session.busy:
+                reply = session.ids[session.reply_start:]
+                content = reply[:-1] if reply and reply[-1] in self.model_stop_ids else reply
+                messages.append({"role": "assistant",
+                                 "content": self.tokenizer.decode(content, skip_special_tokens=False)})
+            return messages
+
     def _check_idle(self, session: Session) -> None:
         if session.closed:
             raise SessionClosedError(f"session {session.id} is closed.", "open a new session.")
@@ -509,6 +521,7 @@ class LLMEngine:
         s = req.session
         if req.keep_output is not None and req.keep_output < len(req.output_ids):
             s.truncate_kv(self.blocks, s.reply_start + req.keep_output)
+            del req.output_ids[req.keep_output:]
         s.busy = False
         s.last_used = time.monotonic()
         if error is not None and not req.output_ids and s.marks and not s.closed:
