@@ -23,6 +23,7 @@ class Runtime:
     stt: Any = None
     tts: Any = None
     vad: Any = None
+    engine: Any = None  # voicepipe.llm.engine.LLMEngine over self.llm, started after loading
     load_seconds: dict[str, float] = field(default_factory=dict)
     load_error: str | None = None
 
@@ -51,6 +52,15 @@ class Runtime:
         self.tts = self._timed("tts", load_voice, paths["tts"], device == "cuda")
         self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
                                                llm_dtype_name(self.settings.device))
+        from voicepipe.llm.engine import LLMEngine
+
+        self.engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
+        self.engine.start()
+
+    def close(self) -> None:
+        """Stop the model threads (the LLM engine); pending generations end with an error."""
+        if self.engine is not None:
+            self.engine.stop()
 
     def model_paths(self) -> dict[str, Path]:
         """Resolve every configured model to files; cheap, so `serve` checks it before starting."""
