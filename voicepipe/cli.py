@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +23,9 @@ config_app = typer.Typer(help="Inspect the effective settings.", no_args_is_help
 models_app = typer.Typer(help="Fetch, list and verify models.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
+bench_app = typer.Typer(help="Benchmarks that report ratios against a baseline measured in the same run.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -128,6 +132,49 @@ def models_verify(
             continue
         verify_model_dir(entry, models_dir / name)
         console.print(f"[green]✓[/] {name}")
+
+
+@bench_app.command("llm")
+def bench_llm(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    turns: Annotated[int, typer.Option(min=2, help="Turns per session.")] = 30,
+    concurrency: Annotated[str, typer.Option(help="Comma-separated session counts.")] = "1,4,16",
+    reply_tokens: Annotated[int, typer.Option(min=2, help="Tokens per reply.")] = 40,
+    system_tokens: Annotated[int, typer.Option(min=0, help="Approximate system prompt length.")] = 300,
+    ignore_eos: Annotated[bool, typer.Option(help="Run every reply to --reply-tokens.")] = True,
+    baseline: Annotated[bool, typer.Option(help="Also measure the re-prefill baseline.")] = True,
+    stagger: Annotated[float, typer.Option(min=0.0, help="Seconds between session starts.")] = 0.5,
+    kv_mib: Annotated[int | None, typer.Option(help="KV pool MiB (default: sized to the workload).")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+) -> None:
+    """Multi-turn sessions on the LLM engine vs. transformers generate re-sending the whole conversation."""
+    from voicepipe.llm.bench import run_llm_bench
+
+    try:
+        levels = tuple(int(c) for c in concurrency.split(",") if c.strip())
+    except ValueError:
+        raise VoicepipeError(f"--concurrency {concurrency!r} is not a list of integers.",
+                             "write e.g. 1,4,16.") from None
+    settings = settings_with(device__device=device)
+    report = run_llm_bench(settings, turns=turns, concurrency=levels, reply_tokens=reply_tokens,
+                           system_tokens=system_tokens, ignore_eos=ignore_eos, baseline=baseline, stagger_s=stagger,
+                           kv_cache_mib=kv_mib, progress=lambda line: err_console.print(line, highlight=False))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table(title=f"LLM engine: {turns} turns, {reply_tokens}-token replies")
+    for column in ("sessions", "tok/s", "TTFT p50", "TTFT p95", "ITL p50", "cached from turn 2"):
+        table.add_column(column)
+    for c, lvl in report["levels"].items():
+        cached = [f for f in lvl["cached_fraction_per_turn"][1:] if f is not None]
+        table.add_row(c, f"{lvl['output_tokens_per_s']:.1f}", f"{lvl['ttft_p50']:.3f}", f"{lvl['ttft_p95']:.3f}",
+                      f"{lvl['itl_p50']:.3f}", f"{min(cached):.3f}" if cached else "-")
+    if "baseline" in report:
+        base = report["baseline"]
+        table.add_row("baseline", f"{base['tokens_per_s']:.1f}", f"{statistics.median(base['ttft_per_turn']):.3f}",
+                      "-", "-", "0")
+    console.print(table)
+    for key, value in report["ratios"].items():
+        console.print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
 
 
 def run() -> None:
