@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SAMPLE_RATE = 16000
-TAIL_PAD_S = 0.25  # silence appended so the last word is not cut at the window edge
+TAIL_PAD_S = 1.0  # silence appended: whisper drops or garbles the last words of audio cut right after them
 MIN_AUDIO_S = 1.0  # shorter audio is padded with silence up to this
 SILENCE_RMS = 1e-3  # quieter audio is not decoded at all (whisper invents words in silence)
 
@@ -69,7 +69,7 @@ class WhisperDecoder:
         keys = [w.key for w in words]
         # A sentence that ends and then starts the utterance over ("... my order. I would") is a loop too.
         for i in range(1, len(words)):
-            if words[i - 1].text.rstrip().endswith((".", "?", "!")) and keys[i:] == keys[: len(keys) - i] and keys[i:]:
+            if words[i - 1].text.rstrip().endswith((".", "?", "!")) and _restarts(keys, i):
                 cut = [t for w in words[:i] for t in w.tokens]
                 if len(cut) >= keep:
                     return cut
@@ -129,3 +129,11 @@ class WhisperDecoder:
                 tokens, text = [], ""
             out.append(DecodeResult(tokens, text, float(res.no_speech_prob), avg, len(audio)))
         return out
+
+
+def _restarts(keys: list[str], i: int) -> bool:
+    """keys[i:] repeats the start of the utterance (its last word may be cut short)."""
+    tail, head = keys[i:], keys[: len(keys) - i]
+    if not tail or not tail[-1]:
+        return False
+    return tail[:-1] == head[:-1] and head[-1].startswith(tail[-1])

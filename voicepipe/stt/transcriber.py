@@ -113,19 +113,21 @@ class TranscriptStream:
             if self._resampler is not None:
                 audio = self._resampler.process(audio)
             turn = self._turn
-            while len(audio):
-                room = turn.capacity - turn.n
-                take = min(room, len(audio))
-                turn.buffer[turn.n: turn.n + take] = audio[:take]
-                turn.n += take
-                audio = audio[take:]
-                if turn.n == turn.capacity:
-                    self._roll_segment(turn)
+            self._append(turn, audio)
             due = turn.n - turn.requested_at >= self.transcriber.partial_samples
             if due:
                 turn.requested_at = turn.n
         if due:
             self.transcriber._request_partial(self)
+
+    def _append(self, turn: _Turn, audio: np.ndarray) -> None:
+        while len(audio):
+            take = min(turn.capacity - turn.n, len(audio))
+            turn.buffer[turn.n: turn.n + take] = audio[:take]
+            turn.n += take
+            audio = audio[take:]
+            if turn.n == turn.capacity:
+                self._roll_segment(turn)
 
     def _roll_segment(self, turn: _Turn) -> None:
         """The turn outgrew the window: decode the full window as a segment and start a fresh one."""
@@ -148,6 +150,8 @@ class TranscriptStream:
         """
         with self._lock:
             turn = self._turn
+            if self._resampler is not None:  # the resampler's filter still holds the last few ms
+                self._append(turn, self._resampler.flush())
             turn.finished = True
             end = turn.n
             if end_sample is not None:
