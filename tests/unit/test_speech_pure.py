@@ -91,7 +91,8 @@ def test_wer(ref: str, hyp: str, expected: float) -> None:
 
 def test_corpus_wer_weights_by_reference_length() -> None:
     assert corpus_wer([("a b c d", "a b c d"), ("e f", "x f")]) == pytest.approx(1 / 6)
-    assert normalize_words("It's 9:40, e-mail me!") == ["it's", "9:40", "e", "mail", "me"]
+    assert normalize_words("It's 9:40, e-mail me!") == ["it's", "940", "e", "mail", "me"]
+    assert normalize_words("Dr. Smith, 3.5") == ["doctor", "smith", "3.5"]
 
 
 # --- word alignment and the playout cursor --------------------------------------------------------------
@@ -107,6 +108,19 @@ def test_word_spans_exact_when_counts_match() -> None:
     assert spans[0][3] == 100  # the first phoneme of "hi" starts after BOS
     assert spans[1][3] == 100 + 10 + 20 + 30 + 40  # "you" starts at j
     assert spans[1][4] >= 100 + 10 + 20 + 30 + 40 + 50 + 60
+
+
+def test_word_spans_align_merged_and_expanded_words() -> None:
+    # espeak speaks "for the" as one phonetic word, and "9:40" as two ("nine forty").
+    align = [("f", 10), ("ɚ", 10), ("ð", 10), ("ə", 10), (" ", 5), ("n", 10), ("a", 10), ("ɪ", 10), ("n", 10),
+             (" ", 5), ("f", 10), ("ɔ", 10), ("ɹ", 10), ("ɾ", 10), ("i", 10), (" ", 5), ("o", 10), ("k", 10)]
+    counts = {"for": 3, "the": 2, "9:40": 9, "ok": 2}
+    spans = word_spans("for the 9:40 ok", align, counts.__getitem__)
+    assert [s[0] for s in spans] == ["for", "the", "9:40", "ok"]
+    starts = [s[3] for s in spans]
+    assert starts[0] == 0 and 10 <= starts[1] <= 30  # "the" inside the merged phonetic word
+    assert starts[2] == 45  # "9:40" starts at "nine"
+    assert starts[3] == 45 + 40 + 5 + 50 + 5  # "ok" after "forty"
 
 
 def test_word_spans_proportional_when_espeak_merges_words() -> None:

@@ -11,17 +11,21 @@ _NUMBER_WORDS = {
     "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12", "fifteen": "15", "twenty": "20",
     "thirty": "30", "forty": "40", "fifty": "50",
 }
+_ABBREVIATIONS = {"dr": "doctor", "mr": "mister", "mrs": "missus", "st": "street"}
 
 
 def normalize_words(text: str) -> list[str]:
-    """Lowercase words without punctuation; hyphens and slashes split words; small number words become digits."""
+    """Lowercase words without punctuation; hyphens and slashes split words; small number words become digits;
+    1,200 -> 1200, 9:40 -> 940, dr -> doctor."""
     text = unicodedata.normalize("NFKC", text).lower()
     text = text.replace("’", "'")
     text = re.sub(r"[-/]", " ", text)
     text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 1,200 -> 1200
+    text = re.sub(r"(?<=\d):(?=\d\d)", "", text)  # 9:40 -> 940 (whisper writes either)
     text = re.sub(r"[^\w\s'.:]", " ", text)
     text = re.sub(r"(?<!\d)[.:]|[.:](?!\d)", " ", text)  # keep 3.5 and 9:40, drop other . and :
     words = [w.strip("'") for w in text.split()]
+    words = [_ABBREVIATIONS.get(w, w) for w in words]
     return [_NUMBER_WORDS.get(w, w) for w in words if w]
 
 

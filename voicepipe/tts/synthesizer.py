@@ -189,10 +189,10 @@ class SpeechStream:
     # --- producer side (the caller) ---------------------------------------------------------------
     def push_text(self, text: str) -> list[TextChunk]:
         """Add LLM text; returns the clauses it released for synthesis."""
-        if self._ended:
-            raise RuntimeError("push_text after end_text")
         if self.cancelled:
             return []
+        if self._ended:
+            raise RuntimeError("push_text after end_text")
         chunks = self.chunker.push(text)
         for chunk in chunks:
             self._clauses_submitted += 1

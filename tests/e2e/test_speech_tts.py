@@ -1,0 +1,123 @@
+"""Streaming Piper TTS: clause-by-clause output, intelligibility, cancel, and the playout cursor."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from voicepipe.audio import int16_to_float32
+from voicepipe.stt import Transcriber, corpus_wer, normalize_words
+from voicepipe.tts import SpeechStream, Synthesizer
+
+pytestmark = pytest.mark.e2e
+
+REPLY = ("Sure, I can book that table for you tonight, and I will send a confirmation "
+         "to your email address right away.")
+
+
+def tokens(text: str) -> list[str]:
+    """Split like an LLM's token stream: words with their leading spaces."""
+    words = text.split(" ")
+    return [words[0]] + [" " + w for w in words[1:]]
+
+
+def collect(stream: SpeechStream) -> np.ndarray:
+    frames = list(stream.frames(timeout=30))
+    assert frames and frames[-1].last
+    return np.concatenate([f.samples for f in frames])
+
+
+def test_first_chunk_comes_from_the_first_clause(synthesizer: Synthesizer) -> None:
+    stream = synthesizer.open_stream(16000)
+    words = tokens(REPLY)
+    first_clause = "Sure, I can book that table for you tonight,"
+    released = []
+    fed = 0
+    while not released:
+        released = stream.push_text(words[fed])
+        fed += 1
+    assert released[0].text == first_clause
+    frame = stream.read(timeout=30)  # audio arrives while the rest of the reply is still to come
+    assert frame is not None
+    assert frame.origin.chunk_index == 0 and frame.origin.text == first_clause
+    assert frame.start_sample == 0 and len(frame.samples) == 320
+    for w in words[fed:]:
+        stream.push_text(w)
+    stream.end_text()
+    rest = list(stream.frames(timeout=30))
+    assert {f.origin.chunk_index for f in rest} == {0, 1}
+    assert [f.start_sample for f in [frame, *rest]] == [i * 320 for i in range(len(rest) + 1)]
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 24000, 48000])
+def test_output_rate_and_framing(synthesizer: Synthesizer, rate: int) -> None:
+    stream = synthesizer.open_stream(rate)
+    stream.say("Your order is ready.")
+    frames = list(stream.frames(timeout=30))
+    assert all(len(f.samples) == rate // 50 and f.sample_rate == rate for f in frames)
+    seconds = len(frames) / 50
+    spoken = stream.cursor.total_samples / rate
+    assert abs(seconds - spoken) <= 0.05 and 0.8 < spoken < 3.0
+
+
+def test_transcribing_the_output_gives_back_the_text(synthesizer: Synthesizer, transcriber: Transcriber) -> None:
+    texts = [REPLY, "The train leaves from platform three in ten minutes.",
+             "Dr. Smith can see you at 9:40 on Tuesday morning."]
+    pairs = []
+    for text in texts:
+        stream = synthesizer.open_stream(16000)
+        for t in tokens(text):
+            stream.push_text(t)
+        stream.end_text()
+        audio = int16_to_float32(collect(stream))
+        pairs.append((text.replace("Dr.", "Doctor"), transcriber.transcribe(audio).text))
+    assert corpus_wer(pairs) <= 0.10, pairs
+
+
+def test_cancel_mid_sentence_stops_within_one_frame(synthesizer: Synthesizer) -> None:
+    stream = synthesizer.open_stream(16000)
+    stream.say("This is a long answer that keeps going, with many words in it, so that we can interrupt "
+               "it in the middle of a sentence, well before it is over.")
+    got = [stream.read(timeout=30) for _ in range(25)]  # half a second of audio played
+    assert all(f is not None for f in got)
+    start = time.perf_counter()
+    stream.cancel()
+    after = []
+    while (frame := stream.read(timeout=0.2)) is not None:
+        after.append(frame)
+    assert time.perf_counter() - start < 0.25
+    assert sum(len(f.samples) for f in after) <= stream.frame_samples  # nothing beyond one frame
+    assert stream.cancelled and stream.done
+    stream.push_text("more text after cancel. ")  # ignored, no error
+    assert stream.read(timeout=0.1) is None
+
+
+def test_playout_cursor_midpoint_maps_to_a_middle_word(synthesizer: Synthesizer) -> None:
+    text = "Please remember to bring your passport and your ticket to the airport tomorrow morning."
+    stream = synthesizer.open_stream(16000)
+    stream.say(text)
+    audio = collect(stream)
+    cursor = stream.cursor
+    words = [w for o in cursor.origins for w in o.words]
+    assert [w.text for w in words] == text.split()
+    assert all(a.sample_end <= b.sample_start + 1 for a, b in zip(words, words[1:], strict=False))
+    assert abs(cursor.total_samples - len(audio)) <= 320
+    heard = cursor.heard(cursor.total_samples // 2)
+    index = len(heard.words)  # the word being spoken at the midpoint
+    assert len(words) * 0.25 <= index <= len(words) * 0.75, (index, heard.text)
+    assert text.startswith(heard.text) and 0 < heard.char_end < len(text)
+    assert normalize_words(heard.text) == normalize_words(" ".join(w.text for w in heard.words))
+
+
+def test_word_boundaries_match_the_audio(synthesizer: Synthesizer, transcriber: Transcriber) -> None:
+    """The audio before a word's start sample, transcribed, ends with the word before it."""
+    text = "I would like to cancel my order for the blue bicycle today."
+    stream = synthesizer.open_stream(16000)
+    stream.say(text)
+    audio = int16_to_float32(collect(stream))
+    words = stream.cursor.origins[0].words
+    for index, before in [(6, "my"), (10, "blue")]:  # cut where "order" and "bicycle" start
+        head = transcriber.transcribe(audio[: words[index].sample_start]).text
+        assert normalize_words(head)[-1:] == [before], (words[index].text, head)
