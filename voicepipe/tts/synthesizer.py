@@ -74,7 +74,7 @@ class Synthesizer:
         return cls(load_aligned_voice(path, use_cuda), settings)
 
     def open_stream(self, sample_rate: int | None = None, turn: int | None = None) -> SpeechStream:
-        rate = sample_rate or self.settings.output_sample_rate
+        rate = self.settings.output_sample_rate if sample_rate is None else sample_rate
         return SpeechStream(self, rate, next(self._turns) if turn is None else turn)
 
     def synthesize_clause(self, text: str, char_offset: int = 0) -> ClauseAudio:
