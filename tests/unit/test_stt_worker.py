@@ -1,0 +1,131 @@
+"""The shared STT worker's scheduling, with a fake decoder (no model): finals first, stale partials dropped."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from voicepipe.config import STTSettings
+from voicepipe.stt.decoder import DecodeResult
+from voicepipe.stt.transcriber import Transcriber
+
+
+class FakeDecoder:
+    """Decodes audio to one word per 100 ms ('w0 w1 ...'); can be held to let jobs pile up."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.delay = 0.0
+
+    def context_tokens(self, initial_prompt, hotwords) -> list[int]:
+        return [1] if initial_prompt or hotwords else []
+
+    def piece(self, token: int) -> str:
+        return f" w{token}"
+
+    def decode_batch(self, audios, contexts, prefixes) -> list[DecodeResult]:
+        self.gate.wait(5)
+        time.sleep(self.delay)
+        out = []
+        for audio in audios:
+            n = len(audio) // 1600
+            self.calls.append(("batch" if len(audios) > 1 else "one", len(audio)))
+            tokens = list(range(n))
+            out.append(DecodeResult(tokens, " ".join(f"w{i}" for i in tokens), 0.0, 0.0, len(audio)))
+        return out
+
+
+def make(**settings) -> tuple[Transcriber, FakeDecoder]:
+    fake = FakeDecoder()
+    return Transcriber(None, STTSettings(**settings), decoder=fake), fake
+
+
+def loud(seconds: float) -> np.ndarray:
+    return np.full(round(seconds * 16000), 0.1, np.float32)
+
+
+def test_partials_then_final() -> None:
+    stt, _ = make(partial_interval_ms=200)
+    partials = []
+    stream = stt.open_stream(16000, on_partial=partials.append)
+    for _ in range(50):  # 1 s in 20 ms chunks
+        stream.push(loud(0.02))
+        time.sleep(0.005)
+    final = stream.finish().result(timeout=5)
+    stt.close()
+    assert partials and all(not p.is_final for p in partials)
+    assert final.is_final and final.text == " ".join(f"w{i}" for i in range(10))
+
+
+def test_finals_go_before_waiting_partials() -> None:
+    stt, fake = make(partial_interval_ms=100, stale_partial_ms=0)
+    fake.gate.clear()  # hold the worker
+    blocker = stt.open_stream(16000)
+    blocker.push(loud(0.2))  # the job the worker is stuck on
+    time.sleep(0.05)
+    talkers = [stt.open_stream(16000) for _ in range(3)]
+    for t in talkers:
+        t.push(loud(0.3))  # partial requests, waiting (their turns go on)
+    ending = [stt.open_stream(16000) for _ in range(3)]
+    for s in ending:
+        s.push(np.full(8000, 0.1, np.float32))
+    finals = [s.finish() for s in ending]  # queued after the partials
+    fake.gate.set()
+    for f in finals:
+        f.result(timeout=5)
+    time.sleep(0.2)
+    stt.close()
+    assert fake.calls[0] == ("one", 3200)  # the blocker
+    assert fake.calls[1:4] == [("one", 8000)] * 3  # then the finals, before any waiting partial
+    assert sorted(fake.calls[4:]) == [("batch", 4800)] * 3  # then the talkers' partials, batched
+
+
+def test_partial_requests_are_coalesced_and_stale_ones_dropped() -> None:
+    stt, fake = make(partial_interval_ms=50, stale_partial_ms=50)
+    fake.gate.clear()
+    stream = stt.open_stream(16000)
+    other = stt.open_stream(16000)
+    other.push(loud(0.1))  # occupies the worker
+    time.sleep(0.05)
+    for _ in range(10):
+        stream.push(loud(0.05))  # ten requests: one waits, nine are coalesced
+    assert stt.stats.partials_dropped >= 9
+    time.sleep(0.1)  # the waiting request goes stale
+    fake.gate.set()
+    time.sleep(0.2)
+    stt.close()
+    assert stt.stats.partials_dropped >= 10
+    assert all(n != 8000 for _, n in fake.calls)  # the stale partial (0.5 s of audio) was never decoded
+
+
+def test_overload_gives_a_clear_error() -> None:
+    stt, fake = make(max_queue=2)
+    fake.gate.clear()
+    streams = [stt.open_stream(16000) for _ in range(4)]
+    futures = []
+    for s in streams:
+        s.push(loud(0.1))
+        futures.append(s.finish())
+    failed = [f for f in futures if f.done() and f.exception() is not None]
+    fake.gate.set()
+    stt.close()
+    assert failed and "max_queue" in str(failed[0].exception())
+
+
+def test_callbacks_that_raise_do_not_stop_the_worker() -> None:
+    stt, _ = make(partial_interval_ms=50)
+
+    def boom(_t) -> None:
+        raise RuntimeError("callback bug")
+
+    stream = stt.open_stream(16000, on_partial=boom, on_final=boom)
+    stream.push(loud(0.5))
+    assert stream.finish().result(timeout=5).text
+    again = stt.open_stream(16000)
+    again.push(loud(0.3))
+    assert again.finish().result(timeout=5).text == "w0 w1 w2"
+    stt.close()
