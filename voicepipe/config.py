@@ -120,6 +120,21 @@ class LLMSettings(Section):
     default_max_tokens: int = Field(256, ge=0)
 
 
+class CallSettings(Section):
+    """Per-call pipeline defaults (a call's start message may override the prompt and the greeting)."""
+
+    system_prompt: str = ("You are a friendly voice assistant on a phone call. Answer in one or two short, "
+                          "plain sentences that are easy to say out loud.")
+    greeting: str | None = "Hello! How can I help you today?"  # None or "": the agent waits for the caller
+    barge_in_min_speech_ms: int = Field(150, ge=0, le=5000)  # caller speech that interrupts the agent
+    idle_timeout_s: float = Field(120.0, gt=0.0)  # no caller speech and no agent audio this long: hang up
+    max_reply_tokens: int = Field(60, ge=1, le=4096)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)  # 0: greedy
+    max_lead_ms: float = Field(200.0, gt=0.0, le=5000.0)  # agent audio sent ahead of playout
+    auth_token: SecretStr | None = None  # shared secret for /ws*: header, ?token=, or Telnyx's auth header
+    allow_overrides: bool = True  # the start message may set system_prompt / greeting
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -136,6 +151,7 @@ class Settings(BaseSettings):
     stt: STTSettings = Field(default_factory=STTSettings)
     tts: TTSSettings = Field(default_factory=TTSSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    calls: CallSettings = Field(default_factory=CallSettings)
 
     @classmethod
     def settings_customise_sources(

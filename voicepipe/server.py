@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from voicepipe import __version__
 from voicepipe.config import Settings
 from voicepipe.runtime import Runtime
+from voicepipe.transports.gateway import create_call_router
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     app = FastAPI(title="voicepipe", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
+    app.include_router(create_call_router(app))
 
     @app.get("/health")
     async def health() -> dict:

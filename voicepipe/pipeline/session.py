@@ -1,0 +1,506 @@
+"""CallSession: one call's state machine, wiring VAD -> STT -> LLM session -> TTS -> the transport.
+
+States: LISTENING -> THINKING (the caller's turn ended: final transcript, then the LLM) -> SPEAKING (agent
+audio is going out) -> LISTENING (the reply has played). ENDED is final.
+
+Barge-in: caller speech of at least `barge_in_min_speech_ms` while the agent is THINKING or SPEAKING cancels
+the generation and the TTS, clears the transport's buffered audio, and rolls the LLM session back to the
+tokens whose words the caller heard (from the transport's playout cursor and the TTS word timings). Shorter
+noises while the agent talks are dropped.
+
+The transport side is an `AgentOutput` (see below); everything here runs on the event loop, models run on
+their own worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from voicepipe.audio import StreamResampler
+from voicepipe.config import CallSettings, Settings
+from voicepipe.pipeline.resources import CallResources
+
+log = logging.getLogger(__name__)
+
+PIPELINE_RATE = 16000  # VAD and STT input
+PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT hears the first syllable
+
+
+class CallState(enum.Enum):
+    LISTENING = "listening"
+    THINKING = "thinking"
+    SPEAKING = "speaking"
+    ENDED = "ended"
+
+
+class AgentOutput(Protocol):
+    """What a transport offers a call: paced playout of agent audio, a clear, and a playout cursor."""
+
+    sample_rate: int  # the rate agent audio is handed over at (the wire's send rate)
+
+    def play(self, audio: np.ndarray, origin: object) -> None:
+        """Queue int16 agent audio; `origin` comes back from `heard()` / `clear()`."""
+
+    def end_of_reply(self) -> None:
+        """The reply's audio is complete (flush any held tail)."""
+
+    def is_playing(self) -> bool:
+        """Agent audio is queued or not yet (confirmed) played."""
+
+    def heard(self) -> list[Any]:
+        """`Heard(origin, heard, total)` for each queued piece of the current generation."""
+
+    async def clear(self) -> list[Any]:
+        """Drop all unplayed agent audio (and tell the provider); returns `heard()` as it was."""
+
+    def event(self, kind: str, **data: Any) -> None:
+        """A call event for clients that show them (native protocol): transcript, agent_text, turn."""
+
+
+@dataclass
+class TurnRecord:
+    """One caller turn and the agent's answer, as the server saw them."""
+
+    turn: int
+    user_text: str = ""
+    agent_text: str = ""  # everything generated
+    heard_text: str | None = None  # set when the reply was interrupted: what the caller heard
+    interrupted: bool = False
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    output_tokens: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class CallRecord:
+    """What is kept of a call once it has ended (text and numbers only; no audio, no KV)."""
+
+    call_id: str
+    transport: str
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    end_reason: str | None = None
+    system_prompt: str = ""
+    greeting: str | None = None
+    greeting_heard: str | None = None
+    turns: list[TurnRecord] = field(default_factory=list)
+    history: list[dict[str, str]] = field(default_factory=list)
+    barge_ins: int = 0
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass
+class _Reply:
+    """One agent utterance in flight (a reply, or the greeting)."""
+
+    turn: int
+    stream: Any  # tts SpeechStream
+    greeting: bool = False
+    task: asyncio.Task | None = None
+    generation: Any = None  # llm Generation (None for the greeting / before the LLM starts)
+    llm_started: bool = False
+    text: str = ""
+    pieces: list[tuple[int, int]] = field(default_factory=list)  # (text end, tokens so far) per piece
+    tokens: int = 0
+    first_audio: float | None = None
+
+
+class CallSession:
+    """One call. `start()`, then `push_audio()` for every inbound chunk, then `close()`."""
+
+    def __init__(self, resources: CallResources, settings: Settings, output: AgentOutput, *,
+                 input_rate: int, transport: str = "native", call_id: str | None = None,
+                 parameters: dict[str, Any] | None = None) -> None:
+        self.res = resources
+        self.settings = settings
+        self.cfg: CallSettings = settings.calls
+        self.output = output
+        self.call_id = call_id or f"c-{uuid.uuid4().hex[:12]}"
+        params = parameters or {}
+        prompt, greeting = self.cfg.system_prompt, self.cfg.greeting
+        if self.cfg.allow_overrides:
+            if isinstance(params.get("system_prompt"), str) and params["system_prompt"].strip():
+                prompt = params["system_prompt"]
+            if "greeting" in params and (params["greeting"] is None or isinstance(params["greeting"], str)):
+                greeting = params["greeting"]
+        self.system_prompt = prompt
+        self.greeting = greeting or None
+        self.record = CallRecord(self.call_id, transport, system_prompt=prompt, greeting=self.greeting)
+        self.state = CallState.LISTENING
+        self.input_rate = input_rate
+        self._resampler = StreamResampler(input_rate, PIPELINE_RATE) if input_rate != PIPELINE_RATE else None
+        self.session = None  # llm Session
+        self.detector = None
+        self.stt = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._preroll: list[np.ndarray] = []
+        self._preroll_len = 0
+        self._vad_pos = 0  # 16 kHz samples pushed to the VAD
+        self._speech_start: int | None = None  # VAD sample of the open speech segment
+        self._speech_end: int | None = None
+        self._stt_turn_active = False
+        self._stt_vad_start = 0  # VAD sample where the STT turn's audio starts
+        self._stt_sample_start = 0  # TranscriptStream sample at that point
+        self._turns = 0
+        self._reply: _Reply | None = None
+        self._pending_assistant: str | None = None  # greeting text to put in the history before turn 1
+        self._last_activity = time.monotonic()
+        self._watchdog: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.closed = False
+        self.end_reason: str | None = None
+        self.ended = asyncio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from voicepipe.vad import TurnDetector
+
+        self._loop = asyncio.get_running_loop()
+        self.session = self.res.engine.open_session(self.system_prompt)
+        self.detector = TurnDetector(self.res.vad, PIPELINE_RATE, self.settings.vad)
+        self.stt = self.res.transcriber.open_stream(PIPELINE_RATE, on_partial=self._on_partial)
+        self._watchdog = asyncio.create_task(self._watch_idle(), name=f"idle-{self.call_id}")
+        if self.greeting:
+            self._pending_assistant = self.greeting
+            self._start_reply(_Reply(0, self._open_speech(0), greeting=True))
+
+    async def close(self, reason: str = "hangup") -> None:
+        """End the call: cancel everything in flight and release the LLM session and every buffer."""
+        if self.closed:
+            return
+        self.closed = True
+        self.end_reason = reason
+        reply = self._reply
+        self._reply = None
+        if reply is not None:
+            reply.stream.cancel()
+            if reply.task is not None:
+                reply.task.cancel()
+        for task in [self._watchdog, *self._tasks]:
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        try:
+            if self.session is not None:
+                with contextlib.suppress(Exception):  # the history is a courtesy; never fail a close on it
+                    self.record.history = self.res.engine.history(self.session)
+                self.res.engine.close_session(self.session)
+        finally:
+            if self.stt is not None:
+                self.stt.close()
+            self.stt = None
+            self.detector = None
+            self._preroll = []
+            self.session = None
+            self.state = CallState.ENDED
+            self.record.ended = time.time()
+            self.record.end_reason = reason
+            self.ended.set()
+            log.info("call %s ended (%s) after %d turns", self.call_id, reason, self._turns)
+
+    # -- caller audio -----------------------------------------------------------------------------
+    def push_audio(self, samples: np.ndarray) -> None:
+        """Caller audio (int16 mono at `input_rate`). Runs the VAD inline; the STT only buffers here."""
+        if self.closed or samples.size == 0:
+            return
+        audio = self._resampler.process(samples) if self._resampler is not None else samples
+        if audio.size == 0:
+            return
+        start = self._vad_pos
+        self._vad_pos += len(audio)
+        self._remember(audio)
+        if self._stt_turn_active:
+            self.stt.push(audio)
+        for ev in self.detector.push(audio):
+            if ev.kind == "speech_start":
+                self._on_speech_start(ev.sample, start)
+            elif ev.kind == "speech_end":
+                self._speech_end = ev.sample
+                self._speech_start = None
+            elif ev.kind == "end_of_turn":
+                self._on_end_of_turn()
+        if self._speech_start is not None and self.state in (CallState.THINKING, CallState.SPEAKING):
+            speech_ms = (self.detector.stream.samples_processed - self._speech_start) * 1000 / PIPELINE_RATE
+            if speech_ms >= self.cfg.barge_in_min_speech_ms and self._reply is not None:
+                self._barge_in()
+
+    def _remember(self, audio: np.ndarray) -> None:
+        self._preroll.append(audio)
+        self._preroll_len += len(audio)
+        limit = int(PREROLL_S * PIPELINE_RATE)
+        while self._preroll and self._preroll_len - len(self._preroll[0]) >= limit:
+            self._preroll_len -= len(self._preroll.pop(0))
+
+    def _on_speech_start(self, sample: int, chunk_start: int) -> None:
+        self._speech_start = sample
+        self._speech_end = None
+        self._last_activity = time.monotonic()
+        if self._stt_turn_active:
+            return
+        # Start the STT turn at the speech start: hand it the buffered audio from there on.
+        buffered = np.concatenate(self._preroll) if self._preroll else np.zeros(0, np.int16)
+        first = self._vad_pos - len(buffered)
+        begin = max(first, sample - int(0.1 * PIPELINE_RATE))
+        self._stt_turn_active = True
+        self._stt_vad_start = begin
+        self._stt_sample_start = self.stt.samples_pushed
+        self.stt.push(buffered[begin - first:])
+
+    def _on_end_of_turn(self) -> None:
+        if not self._stt_turn_active:
+            return
+        self._stt_turn_active = False
+        end = self._speech_end
+        speech_end_ago = (self._vad_pos - end) / PIPELINE_RATE if end is not None else 0.0
+        if self.state is not CallState.LISTENING:
+            self.stt.cancel_turn()  # a noise shorter than the barge-in threshold while the agent talks
+            return
+        stt_end = None if end is None else self._stt_sample_start + (end - self._stt_vad_start)
+        future = self.stt.finish(stt_end)
+        self._turns += 1
+        now = time.monotonic()
+        marks = {"speech_end": now - speech_end_ago, "end_of_turn": now}
+        self.state = CallState.THINKING
+        stream = self._open_speech(self._turns)
+        self._start_reply(_Reply(self._turns, stream), future=future, marks=marks)
+
+    def _on_partial(self, transcript) -> None:  # STT worker thread
+        loop = self._loop
+        if loop is None or self.closed:
+            return
+        turn = self._turns + 1
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._emit, "transcript", {"text": transcript.text, "final": False,
+                                                                 "turn": turn})
+
+    def _emit(self, kind: str, data: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        try:
+            self.output.event(kind, **data)
+        except Exception:
+            log.exception("call %s: sending a %s event failed", self.call_id, kind)
+
+    # -- replies ----------------------------------------------------------------------------------
+    def _open_speech(self, turn: int):
+        return self.res.synthesizer.open_stream(self.output.sample_rate, turn=turn)
+
+    def _start_reply(self, reply: _Reply, future=None, marks: dict[str, float] | None = None) -> None:
+        self._reply = reply
+        reply.task = asyncio.create_task(self._run_reply(reply, future, marks or {}),
+                                         name=f"reply-{self.call_id}-{reply.turn}")
+
+    async def _run_reply(self, reply: _Reply, future, marks: dict[str, float]) -> None:
+        record = None
+        try:
+            if reply.greeting:
+                self.state = CallState.SPEAKING
+                reply.text = self.greeting
+                reply.stream.say(self.greeting)
+                await self._pump_audio(reply)
+            else:
+                record = TurnRecord(reply.turn)
+                self.record.turns.append(record)
+                transcript = await asyncio.wrap_future(future)
+                marks["final_transcript"] = time.monotonic()
+                text = transcript.text.strip()
+                record.user_text = text
+                self._emit("transcript", {"text": text, "final": True, "turn": reply.turn})
+                if not text:
+                    reply.stream.cancel()
+                    return
+                await self._generate(reply, record, text, marks)
+            self.output.end_of_reply()
+            while self.output.is_playing():
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one failed turn must not end the call
+            log.exception("call %s: turn %d failed", self.call_id, reply.turn)
+            if record is not None:
+                record.error = f"{type(exc).__name__}: {exc}"
+            reply.stream.cancel()
+        finally:
+            if self._reply is reply:
+                self._reply = None
+                if not self.closed:
+                    self.state = CallState.LISTENING
+                    self._last_activity = time.monotonic()
+
+    async def _generate(self, reply: _Reply, record: TurnRecord, text: str, marks: dict[str, float]) -> None:
+        messages = []
+        if self._pending_assistant:
+            messages.append({"role": "assistant", "content": self._pending_assistant})
+            self._pending_assistant = None
+        messages.append({"role": "user", "content": text})
+        engine = self.res.engine
+        gen = engine.generate(self.session, messages, tier="priority", max_tokens=self.cfg.max_reply_tokens,
+                              temperature=self.cfg.temperature)
+        reply.generation = gen
+        reply.llm_started = True
+        marks["llm_start"] = time.monotonic()
+        pump = asyncio.create_task(self._pump_audio(reply, marks, record), name=f"tts-{self.call_id}")
+        try:
+            async for piece in gen:
+                if "first_token" not in marks:
+                    marks["first_token"] = time.monotonic()
+                reply.text += piece.text
+                reply.tokens += len(piece.token_ids)
+                reply.pieces.append((len(reply.text), reply.tokens))
+                if piece.text:
+                    if reply.stream.push_text(piece.text) and "first_clause" not in marks:
+                        marks["first_clause"] = time.monotonic()
+                    self._emit("agent_text", {"text": piece.text, "final": False, "turn": reply.turn})
+            if reply.stream.end_text() and "first_clause" not in marks:
+                marks["first_clause"] = time.monotonic()
+            record.agent_text = reply.text
+            self._emit("agent_text", {"text": reply.text, "final": True, "turn": reply.turn})
+            stats = gen.stats
+            record.prompt_tokens = stats.prompt_tokens
+            record.cached_prompt_tokens = stats.cached_prompt_tokens
+            record.output_tokens = stats.output_tokens
+            await pump
+        finally:
+            if not pump.done():
+                pump.cancel()
+            record.agent_text = reply.text
+
+    async def _pump_audio(self, reply: _Reply, marks: dict[str, float] | None = None,
+                          record: TurnRecord | None = None) -> None:
+        """Move TTS frames to the transport as they are synthesized."""
+        stream = reply.stream
+        while True:
+            frame = stream.read(0)
+            if frame is None:
+                if stream.cancelled or (stream.done and stream.queued_frames == 0):
+                    break
+                await asyncio.sleep(0.005)
+                continue
+            if reply.first_audio is None:
+                reply.first_audio = time.monotonic()
+                if self.state is CallState.THINKING:
+                    self.state = CallState.SPEAKING
+                if marks is not None and record is not None:
+                    self._report_timings(reply, marks, record)
+            self.output.play(frame.samples, (reply.turn, frame.start_sample, len(frame.samples)))
+            self._last_activity = time.monotonic()
+        if stream.error is not None:
+            raise stream.error
+
+    def _report_timings(self, reply: _Reply, marks: dict[str, float], record: TurnRecord) -> None:
+        t = reply.first_audio
+        ms = {}
+        if "speech_end" in marks:
+            ms["voice_to_voice"] = (t - marks["speech_end"]) * 1000
+        if "end_of_turn" in marks:
+            ms["response"] = (t - marks["end_of_turn"]) * 1000
+        if "final_transcript" in marks and "end_of_turn" in marks:
+            ms["stt_final"] = (marks["final_transcript"] - marks["end_of_turn"]) * 1000
+        if "first_token" in marks and "llm_start" in marks:
+            ms["ttft"] = (marks["first_token"] - marks["llm_start"]) * 1000
+        if "first_clause" in marks and "end_of_turn" in marks:
+            ms["first_clause"] = (marks["first_clause"] - marks["end_of_turn"]) * 1000
+            ms["tts_first_audio"] = (t - marks["first_clause"]) * 1000
+        ms = {k: round(v, 1) for k, v in ms.items()}
+        record.timings_ms.update(ms)
+        self._emit("turn", {"turn": reply.turn, "timings_ms": ms})
+
+    # -- barge-in ---------------------------------------------------------------------------------
+    def _barge_in(self) -> None:
+        """The caller talks over the agent: stop now (synchronously), then clear and roll back."""
+        reply = self._reply
+        self._reply = None  # from here on the caller's new turn owns the call
+        self.state = CallState.LISTENING
+        self.record.barge_ins += 1
+        reply.stream.cancel()
+        if reply.task is not None:
+            reply.task.cancel()
+        self._spawn(self._after_barge_in(reply), "barge-in")
+
+    async def _after_barge_in(self, reply: _Reply) -> None:
+        heard = await self.output.clear()
+        played = _played_samples(heard, reply.turn)
+        heard_text = reply.stream.cursor.heard(played).text if played else ""
+        char_end = reply.stream.cursor.heard(played).char_end if played else 0
+        log.info("call %s: barge-in on turn %d after %d samples: heard %r", self.call_id, reply.turn, played,
+                 heard_text)
+        if reply.greeting:
+            self.record.greeting_heard = heard_text
+            self._pending_assistant = heard_text or None
+            return
+        record = next((r for r in self.record.turns if r.turn == reply.turn), None)
+        if record is not None:
+            record.interrupted = True
+            record.heard_text = heard_text
+        if not reply.llm_started:
+            if record is not None:
+                record.heard_text = ""
+            return
+        heard_tokens = 0
+        for text_end, tokens in reply.pieces:
+            if text_end <= char_end:
+                heard_tokens = tokens
+        await self._rollback(heard_tokens)
+
+    async def _rollback(self, heard_tokens: int) -> None:
+        session, engine = self.session, self.res.engine
+        if session is None:
+            return
+        deadline = time.monotonic() + 5.0
+        while session.busy and time.monotonic() < deadline:  # the cancelled generation leaves within a step
+            await asyncio.sleep(0.005)
+        if self.closed or session.closed:
+            return
+        try:
+            engine.rollback_reply(session, heard_tokens)
+        except Exception:
+            log.exception("call %s: rollback failed", self.call_id)
+
+    # -- housekeeping -----------------------------------------------------------------------------
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"{name}-{self.call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call %s: %s failed: %r", self.call_id, task.get_name(), task.exception())
+
+    async def _watch_idle(self) -> None:
+        limit = self.cfg.idle_timeout_s
+        while not self.closed:
+            await asyncio.sleep(min(1.0, limit / 4))
+            busy = self._reply is not None or self._speech_start is not None or self.output.is_playing()
+            if busy:
+                self._last_activity = time.monotonic()
+            elif time.monotonic() - self._last_activity > limit:
+                log.info("call %s: idle for %.0f s, hanging up", self.call_id, limit)
+                self.end_reason = "idle_timeout"
+                self.ended.set()
+                return
+
+
+def _played_samples(heard: list[Any], turn: int) -> int:
+    """How far into turn `turn`'s speech stream the caller heard, from the transport's `Heard` list."""
+    played = 0
+    for h in heard:
+        origin = getattr(h, "origin", None)
+        if isinstance(origin, tuple) and len(origin) == 3 and origin[0] == turn and h.heard > 0:
+            played = max(played, origin[1] + min(h.heard, origin[2]))
+    return played

@@ -1,0 +1,392 @@
+"""The WebSocket gateway: `/ws` (voicepipe's own protocol) and `/ws/{twilio,telnyx,vonage,plivo,exotel}`.
+
+One connection is one call. Frames go through the provider's pure serializer (`decode_safe` never raises:
+a `ProtocolError` is either ignored with a log line or closes this socket with its code and reason); the
+`Start` event opens a `CallSession`; agent audio is paced out by a `PlaybackController` (marks where the
+provider echoes them, a local clock otherwise). Nothing one client sends can affect another call.
+
+Also `GET /calls` and `GET /calls/{call_id}`: the records of live and recently ended calls (transcripts,
+per-turn timings and LLM cache figures), for clients such as `voicepipe call` and for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, FastAPI, HTTPException, Request, WebSocket
+from starlette.websockets import WebSocketState
+
+from voicepipe.pipeline import CallRegistry, CallSession, call_resources
+from voicepipe.pipeline.resources import warm_up_in_background
+from voicepipe.transports.events import Mark, Media, Start, Stop, TransportError
+from voicepipe.transports.playback import PlaybackController
+from voicepipe.transports.serializers import Serializer, make_serializer
+from voicepipe.transports.serializers.native import NativeSerializer
+from voicepipe.transports.serializers.telnyx import AUTH_HEADER as TELNYX_AUTH_HEADER
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = ("twilio", "telnyx", "vonage", "plivo", "exotel")
+CLOSE_TRY_AGAIN = 1013
+CLOSE_POLICY = 1008
+CLOSE_INTERNAL = 1011
+START_TIMEOUT_S = 30.0
+
+
+def create_call_router(app: FastAPI) -> APIRouter:
+    """The call endpoints; keeps a `CallRegistry` on `app.state.calls`."""
+    app.state.calls = CallRegistry()
+    warm_up_in_background(app.state.runtime)
+    router = APIRouter()
+
+    @router.websocket("/ws")
+    async def native(ws: WebSocket) -> None:
+        await serve_call(ws, "native")
+
+    for provider in PROVIDERS:
+        router.add_api_websocket_route(f"/ws/{provider}", _endpoint(provider), name=f"ws_{provider}")
+
+    @router.get("/calls")
+    async def list_calls(request: Request) -> dict:
+        _check_http_token(request)
+        return request.app.state.calls.summary()
+
+    @router.get("/calls/{call_id}")
+    async def get_call(call_id: str, request: Request) -> dict:
+        _check_http_token(request)
+        record = request.app.state.calls.get(call_id)
+        if record is None:
+            raise HTTPException(404, f"no call {call_id!r}")
+        return record.as_dict()
+
+    return router
+
+
+def _endpoint(provider: str):
+    async def endpoint(ws: WebSocket) -> None:
+        await serve_call(ws, provider)
+
+    endpoint.__name__ = f"ws_{provider}"
+    return endpoint
+
+
+# -- auth --------------------------------------------------------------------------------------------------
+
+
+def _expected_token(settings) -> str | None:
+    token = settings.calls.auth_token
+    return token.get_secret_value() if token is not None else None
+
+
+def _offered_tokens(headers, query) -> list[str]:
+    offered = []
+    auth = headers.get("authorization")
+    if auth and auth.lower().startswith("bearer "):
+        offered.append(auth[7:].strip())
+    for name in ("x-voicepipe-token", TELNYX_AUTH_HEADER):
+        if headers.get(name):
+            offered.append(headers[name])
+    if query.get("token"):
+        offered.append(query["token"])
+    return offered
+
+
+def _token_ok(settings, headers, query) -> bool:
+    expected = _expected_token(settings)
+    if expected is None:
+        return True
+    return any(hmac.compare_digest(t.encode(), expected.encode()) for t in _offered_tokens(headers, query))
+
+
+def _check_http_token(request: Request) -> None:
+    if not _token_ok(request.app.state.settings, request.headers, request.query_params):
+        raise HTTPException(401, "missing or wrong token")
+
+
+# -- one connection ------------------------------------------------------------------------------------------
+
+
+async def serve_call(ws: WebSocket, transport: str) -> None:
+    app = ws.app
+    settings = app.state.settings
+    if not _token_ok(settings, ws.headers, ws.query_params):
+        log.warning("%s: refused a connection with a missing or wrong token", transport)
+        await ws.close(code=CLOSE_POLICY, reason="unauthorized")
+        return
+    await ws.accept()
+    runtime = app.state.runtime
+    try:
+        resources = await asyncio.to_thread(call_resources, runtime)
+    except Exception as exc:
+        log.warning("%s: call refused: %s", transport, exc)
+        await _close(ws, CLOSE_TRY_AGAIN, "not ready: models are loading")
+        return
+    conn = Connection(ws, transport, make_serializer(transport), settings, resources, app.state.calls)
+    try:
+        await conn.run()
+    except Exception:  # a bug in one call must not take the process (or other calls) down
+        log.exception("%s: call failed", transport)
+        await _close(ws, CLOSE_INTERNAL, "internal error")
+    finally:
+        await conn.cleanup()
+
+
+async def _close(ws: WebSocket, code: int, reason: str) -> None:
+    if ws.application_state == WebSocketState.DISCONNECTED or ws.client_state == WebSocketState.DISCONNECTED:
+        return
+    with contextlib.suppress(Exception):  # already gone
+        await ws.close(code=code, reason=reason[:120])
+
+
+class Connection:
+    """One WebSocket call: reads frames, runs the call, paces agent audio out, writes frames in order."""
+
+    def __init__(self, ws: WebSocket, transport: str, ser: Serializer, settings, resources, registry) -> None:
+        self.ws = ws
+        self.transport = transport
+        self.ser = ser
+        self.settings = settings
+        self.resources = resources
+        self.registry: CallRegistry = registry
+        self.call: CallSession | None = None
+        self.pb: PlaybackController | None = None
+        self.sample_rate = 0  # outbound (agent audio) rate
+        self._out: asyncio.Queue[Any] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._dead = False
+        self._close_code: int | None = None
+        self._close_reason = ""
+        self._last_lead = 0.0
+        self.clock = time.monotonic
+
+    # -- the read loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        self._tasks.append(asyncio.create_task(self._writer(), name=f"ws-writer-{self.transport}"))
+        started = self.clock()
+        receive: asyncio.Future | None = None
+        try:
+            while not self._dead:
+                if receive is None:
+                    receive = asyncio.ensure_future(self.ws.receive())
+                done, _ = await asyncio.wait({receive}, timeout=0.5)
+                if self.call is not None and self.call.ended.is_set():
+                    await self._hangup(self.call.end_reason or "ended")
+                    return
+                if self.call is None and self.clock() - started > START_TIMEOUT_S:
+                    await self._fail(CLOSE_POLICY, "no start message")
+                    return
+                if not done:
+                    continue
+                message, receive = receive.result(), None
+                if message["type"] == "websocket.disconnect":
+                    self._dead = True
+                    return
+                if not await self._on_frame(message):
+                    return
+        finally:
+            if receive is not None and not receive.done():
+                receive.cancel()
+
+    async def _on_frame(self, message: dict) -> bool:
+        """Decode and handle one frame; False ends the connection."""
+        frame = message.get("text")
+        if frame is None:
+            frame = message.get("bytes")
+        if frame is None:
+            return True
+        result = self.ser.decode_safe(frame)
+        for error in result.errors:
+            if not error.fatal:
+                self._send_error(error.kind, error.reason)
+        for event in result.events:
+            if not await self._on_event(event):
+                return False
+        fatal = result.fatal
+        if fatal is not None:
+            self._send_error(fatal.kind, fatal.reason)
+            await self._fail(fatal.close_code, fatal.reason)
+            return False
+        return True
+
+    async def _on_event(self, event) -> bool:
+        """Handle one decoded event; False ends the call."""
+        if isinstance(event, Media):
+            if self.call is not None:
+                self.call.push_audio(event.audio)
+        elif isinstance(event, Mark):
+            if self.pb is not None:
+                self.pb.on_mark(event.name)
+                self._wake.set()
+        elif isinstance(event, Start):
+            await self._on_start(event)
+        elif isinstance(event, Stop):
+            await self._hangup(event.reason or "stop")
+            return False
+        elif isinstance(event, TransportError):
+            log.warning("%s: provider error %s: %s", self.transport, event.code, event.message)
+        return True
+
+    async def _on_start(self, start: Start) -> None:
+        ser = self.ser
+        self.sample_rate = ser.send_rate
+        self.pb = PlaybackController(ser.send_rate, ser.chunk_policy(), max_lead_ms=self.settings.calls.max_lead_ms,
+                                     uses_marks=ser.supports_marks, provider_clears=ser.supports_clear)
+        params = dict(start.custom_parameters)
+        if self.transport == "telnyx" and "client_state" in params:
+            params = {**_telnyx_client_state(params["client_state"]), **params}
+        call = CallSession(self.resources, self.settings, self, input_rate=ser.sample_rate,
+                           transport=self.transport, call_id=start.call_id or start.stream_id, parameters=params)
+        if call.call_id in self.registry.active:
+            call.call_id = call.record.call_id = f"{call.call_id}-{id(call):x}"
+        self.call = call
+        self.registry.add(call)
+        if isinstance(ser, NativeSerializer):
+            self._send(ser.encode_started(call.call_id))
+        self._tasks.append(asyncio.create_task(self._pacer(), name=f"ws-pacer-{self.transport}"))
+        await call.start()
+        log.info("%s: call %s started (%s at %d Hz in, %d Hz out)", self.transport, call.call_id, start.codec,
+                 ser.sample_rate, ser.send_rate)
+
+    async def _hangup(self, reason: str) -> None:
+        if self.call is not None:
+            await self.call.close(reason)
+        await self._flush_and_close(1000, reason)
+
+    async def _fail(self, code: int, reason: str) -> None:
+        await self._flush_and_close(code, reason)
+
+    async def _flush_and_close(self, code: int, reason: str) -> None:
+        self._close_code, self._close_reason = code, reason
+        self._out.put_nowait(None)  # the writer closes after the frames queued before this
+        writer = self._tasks[0] if self._tasks else None
+        if writer is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(writer), 2.0)
+        self._dead = True
+        await _close(self.ws, code, reason)
+
+    async def cleanup(self) -> None:
+        self._dead = True
+        if self.call is not None:
+            await self.call.close(self.call.end_reason or "disconnected")
+            self.registry.finish(self.call)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        self.pb = None
+
+    # -- writing ------------------------------------------------------------------------------------
+    def _send(self, frames: list) -> None:
+        if not self._dead:
+            for frame in frames:
+                self._out.put_nowait(frame)
+
+    def _send_error(self, code: str, message: str) -> None:
+        if isinstance(self.ser, NativeSerializer):
+            self._send(self.ser.encode_error(code, message))
+
+    async def _writer(self) -> None:
+        try:
+            while True:
+                frame = await self._out.get()
+                if frame is None:
+                    return
+                if isinstance(frame, str):
+                    await self.ws.send_text(frame)
+                else:
+                    await self.ws.send_bytes(frame)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client vanished: end the call
+            log.info("%s: send failed (%s); ending the call", self.transport, type(exc).__name__)
+            self._dead = True
+            if self.call is not None:
+                self.call.end_reason = self.call.end_reason or "disconnected"
+                self.call.ended.set()
+
+    async def _pacer(self) -> None:
+        """Release agent audio at real time (at most max_lead ahead), each chunk then its mark."""
+        ser = self.ser
+        while not self._dead:
+            self._wake.clear()
+            pb = self.pb
+            if pb is None:
+                return
+            now = self.clock()
+            for chunk in pb.poll(now):
+                frames = ser.encode_audio(chunk.audio)
+                if chunk.mark is not None:
+                    frames += ser.encode_mark(chunk.mark)
+                self._send(frames)
+            due = pb.next_send_time(now)
+            timeout = None if due is None else max(0.0, due - self.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    # -- AgentOutput (what the CallSession sees) --------------------------------------------------------
+    def play(self, audio: np.ndarray, origin: object) -> None:
+        if self.pb is not None:
+            self.pb.enqueue(audio, origin)
+            self._wake.set()
+
+    def end_of_reply(self) -> None:
+        if self.pb is not None:
+            self.pb.end_of_audio()
+            self._wake.set()
+
+    def is_playing(self) -> bool:
+        pb = self.pb
+        if pb is None or self._dead:
+            return False
+        now = self.clock()
+        if pb.lead(now) > 0:
+            self._last_lead = now
+        # A provider that never echoes the last marks must not hold the call in SPEAKING forever.
+        return pb.is_playing(now) and (pb.lead(now) > 0 or now - self._last_lead < 1.0)
+
+    def heard(self) -> list:
+        return self.pb.heard(self.clock()) if self.pb is not None else []
+
+    async def clear(self) -> list:
+        if self.pb is None:
+            return []
+        result = self.pb.clear(self.clock())
+        self._send(self.ser.encode_clear())
+        self._wake.set()
+        return result.heard
+
+    def event(self, kind: str, **data: Any) -> None:
+        ser = self.ser
+        if not isinstance(ser, NativeSerializer):
+            return
+        if kind == "transcript":
+            self._send(ser.encode_transcript(data["text"], data["final"], data["turn"]))
+        elif kind == "agent_text":
+            self._send(ser.encode_agent_text(data["text"], data["turn"], data.get("final", False)))
+        elif kind == "turn":
+            self._send(ser.encode_turn(data["turn"], data["timings_ms"]))
+
+
+def _telnyx_client_state(value: Any) -> dict[str, Any]:
+    """Telnyx `client_state` is base64 of whatever the app set; a JSON object there may carry overrides."""
+    import base64
+    import binascii
+    import json
+
+    if not isinstance(value, str):
+        return {}
+    try:
+        decoded = json.loads(base64.b64decode(value, validate=True))
+    except (binascii.Error, ValueError):
+        return {}
+    return decoded if isinstance(decoded, dict) else {}
