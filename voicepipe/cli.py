@@ -134,6 +134,41 @@ def models_verify(
         console.print(f"[green]✓[/] {name}")
 
 
+@bench_app.command("speech")
+def bench_speech(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="TTS first-audio runs per sentence.")] = 10,
+    utterances: Annotated[int, typer.Option(min=1, max=10, help="STT utterances (1-6 s each).")] = 10,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+) -> None:
+    """Streaming STT final latency vs. whole-utterance baseline, TTS first audio, RTFs, VAD cost per frame."""
+    from voicepipe.bench.speech import run_speech_bench
+
+    settings = settings_with(device__device=device)
+    report = run_speech_bench(settings, repeats=repeats, utterances=utterances,
+                              progress=lambda line: err_console.print(line, highlight=False))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    stt, tts, vad = report["stt"], report["tts"], report["vad"]
+    table = Table(title="speech: STT, TTS, VAD (ms)")
+    for column in ("figure", "p50", "p95", "note"):
+        table.add_column(column)
+    table.add_row("STT final after VAD speech end", f"{stt['final_latency_ms']['p50']:.1f}",
+                  f"{stt['final_latency_ms']['p95']:.1f}", f"ratio {stt['ratio_p50']} vs baseline")
+    table.add_row("  baseline: whole utterance", f"{stt['baseline_final_latency_ms']['p50']:.1f}",
+                  f"{stt['baseline_final_latency_ms']['p95']:.1f}", f"RTF {stt['rtf']}")
+    table.add_row("  stock faster-whisper", f"{stt['stock_baseline_final_latency_ms']['p50']:.1f}",
+                  f"{stt['stock_baseline_final_latency_ms']['p95']:.1f}", f"RTF {stt['stock_rtf']}")
+    table.add_row("TTS first audio, 12 words", f"{tts['first_audio_ms']['p50']:.1f}",
+                  f"{tts['first_audio_ms']['p95']:.1f}", f"RTF {tts['rtf']}")
+    table.add_row("  with a comma clause", f"{tts['first_audio_comma_ms']['p50']:.1f}",
+                  f"{tts['first_audio_comma_ms']['p95']:.1f}", "")
+    table.add_row("VAD per 20 ms frame", f"{vad['frame_cost_ms']:.3f}", "-", f"{vad['frames']} frames")
+    console.print(table)
+    console.print(f"STT WER {stt['wer']:.3f}, finals reused {stt['finals_reused']}/{stt['utterances']}, "
+                  f"streaming compute RTF {stt['streaming_compute_rtf']}")
+
+
 @bench_app.command("llm")
 def bench_llm(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from voicepipe.config import Settings
-from voicepipe.devices import llm_dtype_name, resolve_device, stt_compute_type
+from voicepipe.devices import llm_dtype_name, resolve_device
 from voicepipe.models import resolve_model
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,9 @@ class Runtime:
     tts: Any = None
     vad: Any = None
     engine: Any = None  # voicepipe.llm.engine.LLMEngine over self.llm, started after loading
+    silero: Any = None  # voicepipe.vad.SileroVAD over self.vad, shared by every call's VAD stream
+    transcriber: Any = None  # voicepipe.stt.Transcriber: the one STT worker over self.stt
+    synthesizer: Any = None  # voicepipe.tts.Synthesizer: the one TTS worker over self.tts
     load_seconds: dict[str, float] = field(default_factory=dict)
     load_error: str | None = None
 
@@ -41,15 +44,20 @@ class Runtime:
 
     def _load_all(self) -> None:
         from voicepipe.llm.loader import load_causal_lm
-        from voicepipe.stt.model import load_whisper
-        from voicepipe.tts.voice import load_voice
+        from voicepipe.stt import Transcriber
+        from voicepipe.stt.model import load_whisper, stt_placement
+        from voicepipe.tts import Synthesizer, load_aligned_voice
+        from voicepipe.vad import SileroVAD
         from voicepipe.vad.model import load_silero
 
         device = resolve_device(self.settings.device)
         paths = self.model_paths()
         self.vad = self._timed("vad", load_silero, paths["vad"])
-        self.stt = self._timed("stt", load_whisper, paths["stt"], device, stt_compute_type(self.settings.device))
-        self.tts = self._timed("tts", load_voice, paths["tts"], device == "cuda")
+        self.stt = self._timed("stt", load_whisper, paths["stt"], *stt_placement(self.settings))
+        self.tts = self._timed("tts", load_aligned_voice, paths["tts"], device == "cuda")
+        self.silero = SileroVAD(self.vad)
+        self.transcriber = Transcriber(self.stt, self.settings.stt)
+        self.synthesizer = Synthesizer(self.tts, self.settings.tts)
         self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
                                                llm_dtype_name(self.settings.device))
         from voicepipe.llm.engine import LLMEngine
@@ -61,6 +69,9 @@ class Runtime:
         """Stop the model threads (the LLM engine); pending generations end with an error."""
         if self.engine is not None:
             self.engine.stop()
+        for worker in (self.transcriber, self.synthesizer):
+            if worker is not None:
+                worker.close()
 
     def model_paths(self) -> dict[str, Path]:
         """Resolve every configured model to files; cheap, so `serve` checks it before starting."""

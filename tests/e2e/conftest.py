@@ -6,9 +6,9 @@ import pytest
 
 from tests.speech_corpus import Corpus, build_corpora
 from voicepipe.config import Settings
-from voicepipe.devices import resolve_device, stt_compute_type
 from voicepipe.models import resolve_model
 from voicepipe.stt import Transcriber
+from voicepipe.stt.model import stt_placement
 from voicepipe.tts import Synthesizer
 from voicepipe.vad import SileroVAD
 
@@ -20,9 +20,9 @@ def silero(settings: Settings) -> SileroVAD:
 
 @pytest.fixture(scope="session")
 def transcriber(settings: Settings):
-    device = resolve_device(settings.device)
+    device, compute, _ = stt_placement(settings)
     path = resolve_model(settings.models.stt, "stt", settings.paths.models_dir)
-    stt = Transcriber.load(path, settings.stt, device, stt_compute_type(settings.device))
+    stt = Transcriber.load(path, settings.stt, device, compute)
     yield stt
     stt.close()
 
