@@ -143,19 +143,23 @@ def _summarize(records: list[TurnRecord], turns: int, wall_s: float) -> dict[str
 
 
 # -- engine ------------------------------------------------------------------------------------------------------
+async def _engine_turn(engine, session, work: Workload, slot: int, turn: int) -> TurnRecord:
+    gen = engine.generate(session, [{"role": "user", "content": work.user_turns[slot][turn]}],
+                          max_tokens=work.reply_tokens, ignore_eos=work.ignore_eos)
+    async for _ in gen:
+        pass
+    st = gen.stats
+    times = st.token_times
+    return TurnRecord(slot, turn, st.ttft, st.itls, st.prompt_tokens, st.cached_prompt_tokens, st.output_tokens,
+                      times[-1] - times[0] if times else 0.0)
+
+
 async def _run_session(engine, work: Workload, slot: int, delay: float, records: list[TurnRecord]) -> None:
     await asyncio.sleep(delay)
     session = engine.open_session(work.system)
     try:
-        for turn, msg in enumerate(work.user_turns[slot]):
-            gen = engine.generate(session, [{"role": "user", "content": msg}], max_tokens=work.reply_tokens,
-                                  ignore_eos=work.ignore_eos)
-            async for _ in gen:
-                pass
-            st = gen.stats
-            times = st.token_times
-            records.append(TurnRecord(slot, turn, st.ttft, st.itls, st.prompt_tokens, st.cached_prompt_tokens,
-                                      st.output_tokens, times[-1] - times[0] if times else 0.0))
+        for turn in range(work.turns):
+            records.append(await _engine_turn(engine, session, work, slot, turn))
     finally:
         engine.close_session(session)
 
@@ -186,17 +190,22 @@ class _TimingStreamer:
         pass
 
 
-def run_baseline(model, tokenizer, work: Workload, turns: int) -> dict[str, Any]:
-    """Re-send the whole conversation every turn through ``model.generate`` (one session)."""
-    import torch
+class Baseline:
+    """What voice frameworks do today: re-send the whole conversation every turn through ``model.generate``."""
 
-    messages = [{"role": "system", "content": work.system}]
-    records: list[TurnRecord] = []
-    total_start = time.perf_counter()
-    for turn in range(turns):
-        messages.append({"role": "user", "content": work.user_turns[0][turn]})
+    def __init__(self, model, tokenizer, work: Workload) -> None:
+        self.model, self.tokenizer, self.work = model, tokenizer, work
+        self.messages = [{"role": "system", "content": work.system}]
+        self.records: list[TurnRecord] = []
+        self.busy_s = 0.0
+
+    def turn(self, turn: int) -> TurnRecord:
+        import torch
+
+        tok, model, work = self.tokenizer, self.model, self.work
+        self.messages.append({"role": "user", "content": work.user_turns[0][turn]})
         start = time.perf_counter()
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        ids = tok.apply_chat_template(self.messages, add_generation_prompt=True, return_dict=False)
         streamer = _TimingStreamer()
         kwargs = {"min_new_tokens": work.reply_tokens} if work.ignore_eos else {}
         with torch.inference_mode():
@@ -204,18 +213,40 @@ def run_baseline(model, tokenizer, work: Workload, turns: int) -> dict[str, Any]
                                  max_new_tokens=work.reply_tokens, streamer=streamer,
                                  attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
                                  **kwargs)
+        self.busy_s += time.perf_counter() - start
         reply = out[0, len(ids):].tolist()
         times = streamer.times
-        records.append(TurnRecord(0, turn, times[0] - start, [b - a for a, b in zip(times, times[1:], strict=False)],
-                                  len(ids), 0, len(reply), times[-1] - times[0]))
-        content = reply[:-1] if reply and reply[-1] == tokenizer.eos_token_id else reply
-        messages.append({"role": "assistant", "content": tokenizer.decode(content, skip_special_tokens=True)})
-    wall = time.perf_counter() - total_start
-    summary = _summarize(records, turns, wall)
-    return {"ttft_per_turn": [r.ttft for r in records], "tokens_per_s": summary["output_tokens_per_s"],
-            "decode_tokens_per_s": summary["decode_tokens_per_s_per_session"],
-            "prompt_tokens_per_turn": [r.prompt_tokens for r in records], "wall_s": wall,
-            "ttft_turn_last_over_turn2": (records[-1].ttft / records[1].ttft) if turns >= 2 else None}
+        record = TurnRecord(0, turn, times[0] - start, [b - a for a, b in zip(times, times[1:], strict=False)],
+                            len(ids), 0, len(reply), times[-1] - times[0])
+        self.records.append(record)
+        content = reply[:-1] if reply and reply[-1] == tok.eos_token_id else reply
+        self.messages.append({"role": "assistant", "content": tok.decode(content, skip_special_tokens=True)})
+        return record
+
+    def report(self) -> dict[str, Any]:
+        records = self.records
+        summary = _summarize(records, len(records), self.busy_s)
+        return {"ttft_per_turn": [r.ttft for r in records], "tokens_per_s": summary["output_tokens_per_s"],
+                "decode_tokens_per_s": summary["decode_tokens_per_s_per_session"],
+                "itl_p50": summary["itl_p50"], "prompt_tokens_per_turn": [r.prompt_tokens for r in records],
+                "busy_s": self.busy_s,
+                "ttft_turn_last_over_turn2": (records[-1].ttft / records[1].ttft) if len(records) >= 2 else None}
+
+
+async def _run_interleaved(engine, baseline: Baseline, work: Workload) -> LevelResult:
+    """One engine session and the baseline, turn by turn in lockstep, so both see the same machine load."""
+    records: list[TurnRecord] = []
+    engine_s = 0.0
+    session = engine.open_session(work.system)
+    try:
+        for turn in range(work.turns):
+            start = time.perf_counter()
+            records.append(await _engine_turn(engine, session, work, 0, turn))
+            engine_s += time.perf_counter() - start
+            await asyncio.to_thread(baseline.turn, turn)
+    finally:
+        engine.close_session(session)
+    return LevelResult(1, engine_s, records)
 
 
 # -- the whole benchmark -------------------------------------------------------------------------------------------
@@ -240,33 +271,34 @@ def run_llm_bench(settings, turns: int = 30, concurrency: tuple[int, ...] = (1, 
         "workload": {"turns": turns, "concurrency": list(concurrency), "reply_tokens": reply_tokens,
                      "system_tokens": len(tokenizer(work.system, add_special_tokens=False)["input_ids"]),
                      "ignore_eos": ignore_eos, "stagger_s": stagger_s, "device": device, "dtype": dtype,
-                     "torch_threads": torch.get_num_threads()},
+                     "torch_threads": torch.get_num_threads(),
+                     "baseline_mode": ("turn by turn in lockstep with the 1-session level" if 1 in concurrency
+                                       else "on its own, after the engine levels")},
         "levels": {},
     }
 
-    if baseline:
-        progress(f"baseline: transformers generate, full prompt every turn, {turns} turns")
-        base_model, _ = load_causal_lm(path, device, dtype)
-        report["baseline"] = run_baseline(base_model, tokenizer, work, turns)
-        del base_model
-        progress(f"  baseline {report['baseline']['tokens_per_s']:.2f} tok/s, "
-                 f"TTFT turn 2 {report['baseline']['ttft_per_turn'][min(1, turns - 1)]:.3f} s, "
-                 f"last {report['baseline']['ttft_per_turn'][-1]:.3f} s")
-
     llm = settings.llm
     if kv_cache_mib is None:  # enough for every session's whole conversation, so nothing is evicted
-        per_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * (
-            getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-        ) * next(model.parameters()).element_size()
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
         need = max_c * (len(tokenizer(work.system)["input_ids"]) + turns * (60 + reply_tokens)) * per_token
         kv_cache_mib = max(64, int(need * 1.2 / 2**20))
     llm = llm.model_copy(update={"kv_cache_mib": kv_cache_mib, "max_running": max(llm.max_running, max_c)})
     engine = LLMEngine(model, tokenizer, llm)
     engine.start()
+    base = None
+    if baseline:
+        base_model, _ = load_causal_lm(path, device, dtype)
+        base = Baseline(base_model, tokenizer, work)
     try:
         for c in concurrency:
-            progress(f"engine: {c} session(s) x {turns} turns")
-            result = asyncio.run(_run_level(engine, work, c, stagger_s))
+            if c == 1 and base is not None:
+                progress(f"engine: 1 session x {turns} turns, in lockstep with the baseline (generate, full prompt)")
+                result = asyncio.run(_run_interleaved(engine, base, work))
+            else:
+                progress(f"engine: {c} session(s) x {turns} turns")
+                result = asyncio.run(_run_level(engine, work, c, stagger_s))
             summary = _summarize(result.records, turns, result.wall_s)
             summary["peak_rss_mib"] = _peak_rss_mib()
             summary["rss_mib"] = _rss_mib()
@@ -275,6 +307,15 @@ def run_llm_bench(settings, turns: int = 30, concurrency: tuple[int, ...] = (1, 
             report["levels"][str(c)] = summary
             progress(f"  {summary['output_tokens_per_s']:.2f} tok/s, TTFT p50 {summary['ttft_p50']:.3f} s, "
                      f"ITL p50 {summary['itl_p50']:.3f} s")
+        if base is not None:
+            if not base.records:  # no single-session level: measure the baseline on its own
+                progress(f"baseline: transformers generate, full prompt every turn, {turns} turns")
+                for turn in range(turns):
+                    base.turn(turn)
+            report["baseline"] = base.report()
+            progress(f"  baseline {report['baseline']['tokens_per_s']:.2f} tok/s, "
+                     f"TTFT turn 2 {report['baseline']['ttft_per_turn'][1]:.3f} s, "
+                     f"last {report['baseline']['ttft_per_turn'][-1]:.3f} s")
     finally:
         engine.stop()
     report["ratios"] = _ratios(report)
