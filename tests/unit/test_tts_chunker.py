@@ -93,6 +93,21 @@ def test_sentence_end_waits_for_the_next_character() -> None:
     assert [c.text for c in chunker.push("5 now. ")] == ["It is 3.5 now."]
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("Your table for four people is booked for tonight.", ["Your table for four", "people is booked for tonight."]),
+    ("Sure, your table for four people is booked.", ["Sure, your table for", "four people is booked."]),
+    ("Hi there. Your table for four is booked.", ["Hi there.", "Your table for four is booked."]),  # punctuation first
+    ("Ask Dr. Smith about the booking today.", ["Ask Dr. Smith about", "the booking today."]),  # not after Dr.
+    ("Come at 9:40 or at 10:15 today please.", ["Come at 9:40 or", "at 10:15 today please."]),
+])
+def test_eager_first_chunk(text: str, expected: list[str]) -> None:
+    for step in (0, 1, 5):
+        chunker = TextChunker(min_clause_chars=24, first_chunk_words=4)
+        pieces = [text] if step == 0 else [text[i: i + step] for i in range(0, len(text), step)]
+        out = [c for piece in pieces for c in chunker.push(piece)] + chunker.flush()
+        assert [c.text for c in out] == expected
+
+
 def test_bad_settings_and_input() -> None:
     with pytest.raises(ValueError):
         TextChunker(min_clause_chars=0)

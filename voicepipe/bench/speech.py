@@ -165,11 +165,18 @@ def bench_stt(vad, stt, settings: Settings, utterances: list[tuple[str, np.ndarr
 
 
 def bench_tts(tts, repeats: int, progress: Callable[[str], None]) -> dict:
+    from voicepipe.tts import TextChunker
+
     out = {}
-    for key, text in (("first_audio_ms", TTS_SENTENCE), ("first_audio_comma_ms", TTS_SENTENCE_WITH_COMMA)):
+    s = tts.settings
+    variants = (("first_audio_ms", TTS_SENTENCE, s.first_chunk_words),
+                ("first_audio_comma_ms", TTS_SENTENCE_WITH_COMMA, s.first_chunk_words),
+                ("first_audio_eager4_ms", TTS_SENTENCE, 4))
+    for key, text, first_words in variants:
         firsts = []
         for _ in range(repeats):
-            stream = tts.open_stream(tts.settings.output_sample_rate)
+            stream = tts.open_stream(s.output_sample_rate)
+            stream.chunker = TextChunker(s.min_clause_chars, s.max_clause_chars, first_words)
             start = time.perf_counter()
             for i, word in enumerate(text.split(" ")):
                 stream.push_text(word if i == 0 else " " + word)

@@ -8,6 +8,8 @@ Rules, in order:
 - because a cut needs whitespace after the mark, numbers (3.5, 9:40, 1,200) and URLs (example.com/a.b)
   are never split;
 - a clause longer than `max_clause_chars` without any of these is cut at the last word boundary;
+- optionally (`first_chunk_words` > 0), the first chunk of a stream is released at a word boundary once it
+  has that many words, so the first audio starts sooner (at some cost to the first clause's prosody);
 - `flush()` releases the rest.
 Each chunk keeps its character span in the whole text, so audio can be traced back to the text.
 """
@@ -38,12 +40,15 @@ class TextChunk:
 
 
 class TextChunker:
-    def __init__(self, min_clause_chars: int = 24, max_clause_chars: int = 200) -> None:
+    def __init__(self, min_clause_chars: int = 24, max_clause_chars: int = 200, first_chunk_words: int = 0) -> None:
         if min_clause_chars < 1 or max_clause_chars < min_clause_chars:
             raise ValueError(f"need 1 <= min_clause_chars <= max_clause_chars, got {min_clause_chars}, "
                              f"{max_clause_chars}")
+        if first_chunk_words < 0:
+            raise ValueError(f"first_chunk_words must be >= 0, got {first_chunk_words}")
         self.min_clause_chars = min_clause_chars
         self.max_clause_chars = max_clause_chars
+        self.first_chunk_words = first_chunk_words
         self.text = ""
         self._start = 0  # first character not yet released
         self._count = 0
@@ -79,6 +84,11 @@ class TextChunker:
                 break
         if cuts:
             return self._start + min(cuts)
+        if self._count == 0 and self.first_chunk_words:
+            words = list(re.finditer(r"\S+(?=\s)", pending))
+            for m in words[self.first_chunk_words - 1:]:
+                if m.group().lower().rstrip(".") not in ABBREVIATIONS:
+                    return self._start + m.end()
         if len(pending.strip()) > self.max_clause_chars:
             limit = head + self.max_clause_chars
             space = pending.rfind(" ", head + 1, limit + 1)

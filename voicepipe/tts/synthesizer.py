@@ -166,7 +166,7 @@ class SpeechStream:
         self.synth = synth
         self.sample_rate = sample_rate
         self.turn = turn
-        self.chunker = TextChunker(s.min_clause_chars, s.max_clause_chars)
+        self.chunker = TextChunker(s.min_clause_chars, s.max_clause_chars, s.first_chunk_words)
         self.cursor = PlayoutCursor()
         self.framer = Framer(sample_rate, s.frame_ms)
         self.frame_samples = self.framer.frame_size
