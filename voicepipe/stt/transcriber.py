@@ -350,13 +350,15 @@ class Transcriber:
                 turn = stream._turn
                 if turn.finished or turn.n == 0 or stream.closed:
                     continue
-                work.append((stream, turn, turn.audio()))
+                work.append((stream, turn, turn.audio(), turn.rolled))
         if not work:
             return
         start = time.perf_counter()
         results = self._decode([w[2] for w in work], [w[0].context for w in work])
         ms = (time.perf_counter() - start) * 1000
-        for (stream, turn, audio), result in zip(work, results, strict=True):
+        for (stream, turn, audio, rolled), result in zip(work, results, strict=True):
+            if turn.rolled != rolled:  # the turn moved on to a new 30 s segment meanwhile
+                continue
             turn.last = result
             turn.agreement.update(group_words(result.tokens, self.decoder.piece))
             self.stats.partials_done += 1
@@ -382,7 +384,8 @@ class Transcriber:
             job.future.set_result(None)
             return
         last = turn.last
-        reused = last is not None and last.samples >= job.end > 0
+        reused = last is not None and job.end > 0 and (
+            last.samples >= job.end or _silent_tail(turn.buffer[: turn.n], last.samples, job.end))
         if reused:
             text = last.text
             self.stats.finals_reused += 1
@@ -395,6 +398,31 @@ class Transcriber:
         job.future.set_result(result)
         if job.stream is not None and job.stream.on_final is not None:
             _call(job.stream.on_final, result)
+
+
+REUSE_TAIL_S = 0.25  # a decode may miss at most this much audio before the end of speech...
+TAIL_SPEECH_RATIO = 0.1  # ...and only if no 20 ms frame of it is louder than this share of the speech
+
+
+def _silent_tail(audio: np.ndarray, decoded: int, end: int) -> bool:
+    """True when audio[decoded:end] holds no speech: short, and every 20 ms frame of it much quieter than
+    the utterance's loud frames. The VAD's end sample lies a little after the last voiced window, so a
+    decode made just before speech_end often stops inside that silent stretch."""
+    if decoded <= 0 or end - decoded > REUSE_TAIL_S * SAMPLE_RATE or end > len(audio):
+        return False
+    frame = SAMPLE_RATE // 50
+    n = len(audio[:end]) // frame
+    if n < 5:
+        return False
+    rms = np.sqrt(np.mean(np.square(audio[: n * frame].reshape(n, frame)), axis=1))
+    loud = float(np.percentile(rms, 95))
+    tail = audio[decoded:end]
+    if not len(tail):
+        return True
+    m = max(1, len(tail) // frame)
+    tail_rms = np.sqrt(np.mean(np.square(tail[: m * frame].reshape(m, -1) if len(tail) >= frame else tail[None]),
+                               axis=1))
+    return loud > 0 and float(tail_rms.max()) < TAIL_SPEECH_RATIO * loud
 
 
 def _join(segments: list[str], text: str) -> str:

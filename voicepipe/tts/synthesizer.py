@@ -28,6 +28,8 @@ from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
 
 log = logging.getLogger(__name__)
 
+_BEHIND = 1 << 30  # queue priority offset for a stream whose reader is behind
+
 
 @dataclass(frozen=True)
 class AudioFrame:
@@ -134,14 +136,15 @@ class Synthesizer:
                 if self._stop:
                     return
                 _, _, stream, chunk = heapq.heappop(self._jobs)
-            if stream.cancelled:
+            if stream.cancelled or stream.error is not None:
                 continue
             full = chunk is not None and stream.queued_frames >= stream.max_frames
             if full or not stream._ready_for(chunk):
                 # Back-pressure (max_queued_s unread) or an earlier clause of this stream is still queued:
-                # put it back without holding up the other streams.
+                # put it back without holding up the other streams (a full stream goes behind all of them).
                 with self._cond:
-                    heapq.heappush(self._jobs, (stream._next_index, next(self._seq), stream, chunk))
+                    priority = stream._next_index + (_BEHIND if full else 0)
+                    heapq.heappush(self._jobs, (priority, next(self._seq), stream, chunk))
                     if full:
                         self._cond.wait(0.02)
                 continue

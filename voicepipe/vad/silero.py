@@ -215,6 +215,7 @@ class TurnDetector:
         return self.stream.sample_rate
 
     def _new_turn(self) -> None:
+        self._start = 0
         self.speech_seen = False
         self.last_speech_end: int | None = None
         self._turn_speech = 0
@@ -249,7 +250,7 @@ class TurnDetector:
                 self._start = ev.sample
             elif ev.kind == "speech_end":
                 self.last_speech_end = ev.sample
-                self._turn_speech += ev.sample - getattr(self, "_start", ev.sample)
+                self._turn_speech += ev.sample - self._start
         if self.speech_seen and self.policy.decide(self.view()):
             out.append(VADEvent("end_of_turn", self.stream.samples_processed, self.stream.sample_rate))
             self._new_turn()
