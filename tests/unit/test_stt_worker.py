@@ -129,3 +129,35 @@ def test_callbacks_that_raise_do_not_stop_the_worker() -> None:
     again.push(loud(0.3))
     assert again.finish().result(timeout=5).text == "w0 w1 w2"
     stt.close()
+
+
+def test_silent_tail_rule() -> None:
+    from voicepipe.stt.transcriber import _silent_tail
+
+    rng = np.random.default_rng(0)
+    speech = rng.normal(0, 0.1, 32000).astype(np.float32)
+    audio = np.concatenate([speech, rng.normal(0, 0.002, 8000).astype(np.float32)])
+    assert _silent_tail(audio, 32160, 35000)  # the decode stopped in the silence after the speech
+    assert not _silent_tail(audio, 30000, 35000)  # 2000 samples of speech were not decoded
+    assert not _silent_tail(audio, 32000, 40000)  # silent, but more than 250 ms missing
+    assert not _silent_tail(audio, 0, 3000)
+
+
+def test_final_reuses_the_last_partial_when_only_silence_is_missing() -> None:
+    stt, fake = make(partial_interval_ms=500)
+    stream = stt.open_stream(16000)
+    stream.push(loud(1.0))  # asks for a partial of this 1 s
+    deadline = time.monotonic() + 5
+    while stt.stats.partials_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stream.push(np.zeros(1600, np.float32))  # 100 ms of silence after the speech (no new partial yet)
+    final = stream.finish(end_sample=16000 + 800).result(timeout=5)
+    assert final.reused and final.text == " ".join(f"w{i}" for i in range(10))
+    other = stt.open_stream(16000)
+    other.push(loud(1.0))
+    while stt.stats.partials_done < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    other.push(loud(0.1))  # 100 ms more speech: the partial does not cover it
+    final = other.finish(end_sample=17600).result(timeout=5)
+    stt.close()
+    assert not final.reused and final.text == " ".join(f"w{i}" for i in range(11))
