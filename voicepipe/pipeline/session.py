@@ -59,7 +59,7 @@ class AgentOutput(Protocol):
     def heard(self) -> list[Any]:
         """`Heard(origin, heard, total)` for each queued piece of the current generation."""
 
-    async def clear(self) -> list[Any]:
+    def clear(self) -> list[Any]:
         """Drop all unplayed agent audio (and tell the provider); returns `heard()` as it was."""
 
     def event(self, kind: str, **data: Any) -> None:
@@ -430,10 +430,10 @@ class CallSession:
         reply.stream.cancel()
         if reply.task is not None:
             reply.task.cancel()
-        self._spawn(self._after_barge_in(reply), "barge-in")
+        heard = self.output.clear()
+        self._spawn(self._after_barge_in(reply, heard), "barge-in")
 
-    async def _after_barge_in(self, reply: _Reply) -> None:
-        heard = await self.output.clear()
+    async def _after_barge_in(self, reply: _Reply, heard: list[Any]) -> None:
         played = _played_samples(heard, reply.turn)
         heard_text = reply.stream.cursor.heard(played).text if played else ""
         char_end = reply.stream.cursor.heard(played).char_end if played else 0

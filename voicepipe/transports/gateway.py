@@ -357,7 +357,7 @@ class Connection:
     def heard(self) -> list:
         return self.pb.heard(self.clock()) if self.pb is not None else []
 
-    async def clear(self) -> list:
+    def clear(self) -> list:
         if self.pb is None:
             return []
         result = self.pb.clear(self.clock())

@@ -1,0 +1,157 @@
+"""Real calls over every WebSocket transport: the real app on loopback, real models, `voicepipe call`'s client.
+
+Caller utterances are made with espeak-ng. One server serves the whole module; replies are kept short with
+`calls.max_reply_tokens` so the module stays within a few minutes on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.net_helpers import in_process_server
+from voicepipe.config import load_settings
+from voicepipe.transports.client import Utterance, read_wav, run_call, utterance
+
+pytestmark = pytest.mark.e2e
+
+TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native")
+# Sentences whisper-tiny.en transcribes reliably from espeak-ng, at 8 kHz u-law too, with their key words.
+THREE_TURNS = [("I want to book a table for dinner.", "dinner"),
+               ("Tell me about the weather in London.", "london"),
+               ("What is the capital of France?", "france")]
+
+
+def speak(text: str, directory: Path) -> Utterance:
+    path = directory / f"{abs(hash(text))}.wav"
+    if not path.exists():
+        subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+    audio, rate = read_wav(path)
+    return utterance(audio, rate)
+
+
+@pytest.fixture(scope="module")
+def voice_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("caller")
+
+
+@pytest.fixture(scope="module")
+def server():
+    settings = load_settings(overrides={
+        "calls": {"max_reply_tokens": 16, "greeting": "Hi, how can I help?", "temperature": 0.0,
+                  "barge_in_min_speech_ms": 150},
+        "llm": {"kv_cache_mib": 64},
+    })
+    with in_process_server(settings) as (base, app):
+        yield base.replace("http://", "ws://"), app
+
+
+def ws_url(base: str, transport: str) -> str:
+    return f"{base}/ws" if transport == "native" else f"{base}/ws/{transport}"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_three_turn_call(server, voice_dir: Path, transport: str) -> None:
+    base, app = server
+    utts = [speak(text, voice_dir) for text, _ in THREE_TURNS]
+    result = asyncio.run(run_call(ws_url(base, transport), transport, utts, quiet_s=0.6))
+
+    assert result.greeting_audio_s > 0.3, "the greeting was not played"
+    assert len(result.turns) == 3
+    for turn in result.turns:
+        assert turn.audio_s > 0.3, f"turn {turn.index}: no agent reply audio"
+        assert turn.voice_to_voice_ms is not None and turn.voice_to_voice_ms < 20000
+    record = result.record
+    assert record is not None
+    # Plivo and Vonage have no stop message: the call ends when the socket closes.
+    if transport in ("plivo", "vonage"):
+        assert record["end_reason"] == "disconnected"
+    else:
+        assert record["end_reason"] in ("stop", "callended", "hangup")  # the stop message's reason, if any
+    turns = record["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3], turns
+    for t, (_, key) in zip(turns, THREE_TURNS, strict=True):
+        assert key in t["user_text"].lower(), (key, t["user_text"])
+        assert t["agent_text"].strip() and not t["interrupted"] and t["error"] is None
+    # The call's LLM session keeps its KV between turns: every later turn reuses the earlier ones.
+    assert turns[0]["prompt_tokens"] > 0
+    for prev, t in zip(turns, turns[1:], strict=False):
+        assert t["cached_prompt_tokens"] >= prev["prompt_tokens"], (prev, t)
+    assert record["barge_ins"] == 0
+    history = record["history"]
+    assert [m["content"] for m in history if m["role"] == "user"] == [t["user_text"] for t in turns]
+    assert history[1] == {"role": "assistant", "content": "Hi, how can I help?"}  # the greeting is remembered
+    if transport == "native":  # the native protocol shows the live transcript and per-turn timings
+        kinds = {e.get("type") for e in result.events}
+        assert {"started", "transcript", "agent_text", "turn"} <= kinds, kinds
+    assert not app.state.calls.active, "a call outlived its connection"
+
+
+def test_barge_in_over_twilio(server, voice_dir: Path) -> None:
+    """The caller talks over the reply: audio stops (clear) within 300 ms, and the LLM keeps only what was heard."""
+    base, app = server
+    utts = [speak("Tell me a long story about a brave dragon and a princess.", voice_dir),
+            speak("What is the capital of France?", voice_dir)]
+    result = asyncio.run(run_call(ws_url(base, "twilio"), "twilio", utts, quiet_s=0.6, barge_in_after_ms=700))
+
+    first, second = result.turns
+    assert first.audio_s > 0.3
+    assert second.clear_at is not None, "no clear received while the caller talked over the agent"
+    stop_ms = (second.clear_at - second.speech_start) * 1000
+    assert stop_ms <= 300, f"agent audio stopped {stop_ms:.0f} ms after the caller's speech start"
+    # Nothing of the interrupted reply arrives after the clear (the next audio is the answer to turn 2).
+    late = [s for t, s in result.audio_chunks if second.clear_at < t < second.speech_end]
+    assert not late, f"{sum(late):.2f} s of agent audio after the clear"
+    assert second.audio_s > 0.3, "no answer after the barge-in"
+
+    record = result.record
+    assert record["barge_ins"] == 1
+    t1, t2 = record["turns"]
+    assert t1["interrupted"] and not t2["interrupted"]
+    assert "france" in t2["user_text"].lower()
+    history = record["history"]
+    replies = [m["content"] for m in history if m["role"] == "assistant"]
+    kept = replies[1]  # [greeting, interrupted reply, answer to turn 2]
+    full = t1["agent_text"]
+    assert len(kept.strip()) < len(full.strip()), (kept, full)
+    assert full.startswith(kept.strip()), (kept, full)
+    assert t1["heard_text"] is not None and len(t1["heard_text"]) <= len(full)
+    assert not app.state.calls.active
+
+
+def test_four_simultaneous_calls(server, voice_dir: Path) -> None:
+    """Four calls at once over two transports: each agent answers its own caller, nothing crosses."""
+    base, app = server
+    plans = [("native", [("I want to book a table for dinner.", "dinner"), ("Tell me about the weather in London.",
+                                                                             "london")]),
+             ("vonage", [("What is the capital of France?", "france"), ("How do I reset my password?",
+                                                                        "password")]),
+             ("native", [("Can you recommend a good movie?", "movie"), ("I would like to order a pizza.", "pizza")]),
+             ("vonage", [("Can you play some music?", "music"), ("Can you play some music?", "music")])]
+
+    async def all_calls():
+        return await asyncio.gather(*[
+            run_call(ws_url(base, transport), transport, [speak(text, voice_dir) for text, _ in turns], quiet_s=0.6,
+                     reply_timeout_s=90)
+            for transport, turns in plans])
+
+    results = asyncio.run(all_calls())
+    all_keys = {key for _, turns in plans for _, key in turns}
+    for (transport, turns), result in zip(plans, results, strict=True):
+        record = result.record
+        assert record is not None and len(record["turns"]) == 2, (transport, record)
+        own = {key for _, key in turns}
+        for t, (_, key) in zip(record["turns"], turns, strict=True):
+            text = t["user_text"].lower()
+            assert key in text, (key, text)
+            assert not any(k in text for k in all_keys - own), (own, text)
+            assert t["agent_text"].strip()
+        for turn in result.turns:
+            assert turn.audio_s > 0.3
+        users = [m["content"] for m in record["history"] if m["role"] == "user"]
+        assert users == [t["user_text"] for t in record["turns"]]
+    assert len({r.call_id for r in results}) == 4
+    assert not app.state.calls.active
