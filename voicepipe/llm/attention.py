@@ -40,6 +40,8 @@ class StepLayout:
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] bool, None when all lengths are equal
     decode_rows_slice: slice | None = None  # the decode rows as a slice when they are consecutive
     prefills: list[PrefillSpan] = field(default_factory=list)
+    decode_only: bool = False  # every token of the step is a decode, in packed order
+    single_prefill: bool = False  # the step is one prefill span and nothing else
 
 
 class PagedKVCache:
@@ -96,6 +98,18 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
                                       **kwargs)
     kp, vp = kwargs["vp_pool"]
     gqa = query.shape[1] != kp.shape[1]
+    # Fast paths (the common steps): no output buffer, no scatter, fewer kernel launches.
+    if layout.decode_only:
+        q = query if query.shape[2] == 1 else query[0].transpose(0, 1).unsqueeze(2)  # [B, heads, 1, head_dim]
+        k, v = _history(kp, layout.decode_kv), _history(vp, layout.decode_kv)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=gqa)
+        return o.reshape(1, o.shape[0], o.shape[1], o.shape[3]), None
+    if layout.single_prefill:
+        span = layout.prefills[0]
+        k, v = _history(kp, span.kv), _history(vp, span.kv)
+        o = F.scaled_dot_product_attention(query, k, v, attn_mask=span.mask, is_causal=span.mask is None,
+                                           scale=scaling, enable_gqa=gqa)
+        return o.transpose(1, 2), None
     out = torch.empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype,
                       device=query.device)
     if layout.decode_rows is not None:

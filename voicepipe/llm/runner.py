@@ -109,6 +109,8 @@ class ModelRunner:
                 if min(lengths) != lmax:
                     lens = torch.tensor(lengths, device=dev)
                     layout.decode_mask = (torch.arange(lmax, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
+        layout.single_prefill = not decodes and len(prefills) == 1
         input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
         position_ids = torch.tensor([pos], dtype=torch.long, device=dev)
         return input_ids, position_ids, layout, logit_rows
