@@ -155,6 +155,8 @@ def bench_speech(
         table.add_column(column)
     table.add_row("STT final after VAD speech end", f"{stt['final_latency_ms']['p50']:.1f}",
                   f"{stt['final_latency_ms']['p95']:.1f}", f"ratio {stt['ratio_p50']} vs baseline")
+    table.add_row("  finished at end_of_turn", f"{stt['final_latency_after_end_of_turn_ms']['p50']:.1f}",
+                  f"{stt['final_latency_after_end_of_turn_ms']['p95']:.1f}", "as the call pipeline does")
     table.add_row("  baseline: whole utterance", f"{stt['baseline_final_latency_ms']['p50']:.1f}",
                   f"{stt['baseline_final_latency_ms']['p95']:.1f}", f"RTF {stt['rtf']}")
     table.add_row("  stock faster-whisper", f"{stt['stock_baseline_final_latency_ms']['p50']:.1f}",
@@ -212,6 +214,40 @@ def bench_llm(
     console.print(table)
     for key, value in report["ratios"].items():
         console.print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+
+
+@bench_app.command("tiers")
+def bench_tiers(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    turns: Annotated[int, typer.Option(min=2, help="Voice-like turns measured per phase.")] = 24,
+    flex: Annotated[int, typer.Option(min=1, help="Concurrent flex requests.")] = 8,
+    flex_tokens: Annotated[int, typer.Option(min=1, help="Tokens each flex request generates.")] = 256,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+) -> None:
+    """Priority and default voice turns under flex load vs. the same turns on an idle engine."""
+    import asyncio
+
+    from voicepipe.llm.bench_tiers import run_tiers_bench
+    from voicepipe.llm.engine import LLMEngine
+    from voicepipe.llm.loader import load_default_llm
+
+    settings = settings_with(device__device=device)
+    model, tokenizer = load_default_llm(settings)
+    engine = LLMEngine(model, tokenizer, settings.llm)
+    engine.start()
+    try:
+        report = asyncio.run(run_tiers_bench(engine, n_turns=turns, n_flex=flex, flex_tokens=flex_tokens))
+    finally:
+        engine.stop()
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("voice turns", "TTFT p50 ms", "TTFT p95 ms", title="TTFT of voice-like turns")
+    for name, row in report["ttft_ms"].items():
+        table.add_row(name, f"{row['p50']:.1f}", f"{row['p95']:.1f}")
+    console.print(table)
+    console.print(f"flex tokens/s kept under priority load: {report['flex_tokens_per_s']:.1f}")
+    for key, value in report["ratios"].items():
+        console.print(f"{key}: {value:.3f}")
 
 
 def run() -> None:

@@ -4,9 +4,10 @@ audio, real-time factors, and the VAD's cost per 20 ms frame. All figures come f
 STT: Piper speaks utterances of 1-6 s (no commas, so the VAD sees one segment each). Each is fed in 20 ms
 chunks at real-time pace through the VAD and a `TranscriptStream`; when the VAD emits speech_end, the turn
 is finished with that end sample. `final_latency_ms` runs from that speech_end event to the final
-transcript. The baseline is the non-streaming way: at the same point, transcribe the whole utterance at once
-(`baseline_final_latency_ms`, the same short-window decoder) and with faster-whisper's stock `transcribe`
-(`stock_baseline_final_latency_ms`, 30 s windows).
+transcript. A second pass finishes the turn at the VAD's end_of_turn instead, as the call pipeline does
+(`final_latency_after_end_of_turn_ms`). The baseline is the non-streaming way: at the same point,
+transcribe the whole utterance at once (`baseline_final_latency_ms`, the same short-window decoder) and with
+faster-whisper's stock `transcribe` (`stock_baseline_final_latency_ms`, 30 s windows).
 """
 
 from __future__ import annotations
@@ -72,64 +73,84 @@ def _speak(tts, text: str) -> np.ndarray:
     return resample(clip.audio * np.float32(0.7), clip.sample_rate, RATE)
 
 
+def _feed(vad, stt, settings: Settings, audio: np.ndarray, true_end: int, finish_on: str) -> dict:
+    """Feed `audio` at real-time pace through a TurnDetector and a TranscriptStream; finish the turn at the
+    VAD's `speech_end` or at its `end_of_turn` (with the speech_end sample). Returns the timings."""
+    from voicepipe.vad import TurnDetector
+
+    detector = TurnDetector(vad, RATE, settings.vad)
+    partials: list = []
+    stream = stt.open_stream(RATE, on_partial=partials.append)
+    done: dict[str, float] = {}
+    future = None
+    end_sample = None
+    split = 0
+    start = time.perf_counter()
+    i = 0
+    for i in range(0, len(audio), CHUNK):
+        chunk = audio[i: i + CHUNK]
+        if future is None:
+            stream.push(chunk)
+        for ev in detector.push(chunk):
+            if ev.kind == "speech_end" and future is None:
+                end_sample = ev.sample
+            if ev.kind == finish_on and future is None:
+                done["trigger"] = time.perf_counter()
+                future = stream.finish(end_sample)
+                future.add_done_callback(lambda _f, d=done: d.setdefault("final", time.perf_counter()))
+            elif ev.kind == "speech_start" and future is not None:
+                split += 1
+        if "true_end" not in done and i + CHUNK >= true_end:
+            done["true_end"] = time.perf_counter()
+        if future is not None and future.done():
+            break
+        delay = start + (i + CHUNK) / RATE - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    if future is None:  # the VAD never closed the segment: end the turn at the audio's end
+        end_sample = end_sample or len(audio)
+        done["trigger"] = time.perf_counter()
+        future = stream.finish(end_sample)
+    final = future.result(timeout=60)
+    done.setdefault("final", time.perf_counter())
+    stream.close()
+    return {"latency_ms": (done["final"] - done["trigger"]) * 1000,
+            "from_true_end_ms": (done["final"] - done["true_end"]) * 1000, "final": final,
+            "partials": len(partials), "end_sample": end_sample, "split": split,
+            "streamed_s": min(i + CHUNK, len(audio)) / RATE}
+
+
 def bench_stt(vad, stt, settings: Settings, utterances: list[tuple[str, np.ndarray]],
               progress: Callable[[str], None]) -> dict:
     from voicepipe.stt import corpus_wer
-    from voicepipe.vad import TurnDetector
 
     rng = np.random.default_rng(0)
-    latencies, from_true_end, baseline, stock, pairs, partial_counts, reused = [], [], [], [], [], [], 0
+    latencies, from_true_end, eot_latencies, baseline, stock = [], [], [], [], []
+    pairs, partial_counts, reused, reused_eot, split = [], [], 0, 0, 0
     compute_before = stt.stats.decode_seconds
     streamed_audio = 0.0
-    split = 0
+    eot_silence = settings.vad.end_of_turn_silence_ms / 1000
     for text, clip in utterances:
         lead = RATE // 4
-        noise = rng.normal(0, 0.002, lead + len(clip) + RATE).astype(np.float32)
-        audio = noise.copy()
+        audio = rng.normal(0, 0.002, lead + len(clip) + round((eot_silence + 0.6) * RATE)).astype(np.float32)
         audio[lead: lead + len(clip)] += clip
         true_end = lead + len(clip)
-        detector = TurnDetector(vad, RATE, settings.vad)
-        partials = []
-        stream = stt.open_stream(RATE, on_partial=lambda t, p=partials: p.append(t))
-        done: dict[str, float] = {}
-        future = None
-        end_sample = None
-        t_true_end = None
-        start = time.perf_counter()
-        for i in range(0, len(audio), CHUNK):
-            chunk = audio[i: i + CHUNK]
-            if future is None:
-                stream.push(chunk)
-            for ev in detector.push(chunk):
-                if ev.kind == "speech_end" and future is None:
-                    end_sample = ev.sample
-                    done["speech_end"] = time.perf_counter()
-                    future = stream.finish(end_sample)
-                    future.add_done_callback(lambda _f, d=done: d.setdefault("final", time.perf_counter()))
-                elif ev.kind == "speech_start" and future is not None:
-                    split += 1
-            if t_true_end is None and i + CHUNK >= true_end:
-                t_true_end = time.perf_counter()
-            if future is not None and future.done():
-                break
-            delay = start + (i + CHUNK) / RATE - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-        streamed_audio += min(i + CHUNK, len(audio)) / RATE
-        if future is None:  # the VAD never closed the segment: end the turn at the audio's end
-            end_sample = len(audio)
-            done["speech_end"] = time.perf_counter()
-            future = stream.finish()
-        final = future.result(timeout=60)
-        done.setdefault("final", time.perf_counter())
-        stream.close()
-        latencies.append((done["final"] - done["speech_end"]) * 1000)
-        from_true_end.append((done["final"] - t_true_end) * 1000)
-        reused += final.reused
-        pairs.append((text, final.text))
-        partial_counts.append(len(partials))
+        # 1) the turn ends at the VAD's speech_end: the hardest case for the streaming final
+        run = _feed(vad, stt, settings, audio, true_end, "speech_end")
+        streamed_audio += run["streamed_s"]
+        latencies.append(run["latency_ms"])
+        from_true_end.append(run["from_true_end_ms"])
+        reused += run["final"].reused
+        split += run["split"]
+        pairs.append((text, run["final"].text))
+        partial_counts.append(run["partials"])
+        # 2) the turn ends at end_of_turn (end_of_turn_silence_ms later), as the call pipeline does it
+        eot = _feed(vad, stt, settings, audio, true_end, "end_of_turn")
+        streamed_audio += eot["streamed_s"]
+        eot_latencies.append(eot["latency_ms"])
+        reused_eot += eot["final"].reused
         # Baselines, at the same point: the whole utterance at once.
-        whole = audio[:end_sample]
+        whole = audio[: run["end_sample"]]
         t0 = time.perf_counter()
         stt.transcribe(whole)
         baseline.append((time.perf_counter() - t0) * 1000)
@@ -138,21 +159,24 @@ def bench_stt(vad, stt, settings: Settings, utterances: list[tuple[str, np.ndarr
                                                    without_timestamps=True, condition_on_previous_text=False)
         "".join(s.text for s in segments)
         stock.append((time.perf_counter() - t0) * 1000)
-        progress(f"  stt {len(clip) / RATE:4.1f} s: final {latencies[-1]:6.1f} ms (reused={final.reused}), "
-                 f"baseline {baseline[-1]:6.1f} ms, stock {stock[-1]:6.1f} ms  {final.text!r}")
+        progress(f"  stt {len(clip) / RATE:4.1f} s: final {latencies[-1]:6.1f} ms (reused={run['final'].reused}), "
+                 f"at end_of_turn {eot_latencies[-1]:6.1f} ms, baseline {baseline[-1]:6.1f} ms, "
+                 f"stock {stock[-1]:6.1f} ms  {run['final'].text!r}")
     speech_s = sum(len(c) for _, c in utterances) / RATE
     streaming_compute = stt.stats.decode_seconds - compute_before
     three_s = [lat for lat, (_, c) in zip(latencies, utterances, strict=True) if 2.0 <= len(c) / RATE <= 4.0]
-    lat, base = _stats(latencies), _stats(baseline)
+    lat, base, stock_stats = _stats(latencies), _stats(baseline), _stats(stock)
     return {
         "final_latency_ms": lat,
         "final_latency_3s_ms": _stats(three_s),
         "final_latency_from_true_speech_end_ms": _stats(from_true_end),
+        "final_latency_after_end_of_turn_ms": _stats(eot_latencies),
         "baseline_final_latency_ms": base,
-        "stock_baseline_final_latency_ms": _stats(stock),
+        "stock_baseline_final_latency_ms": stock_stats,
         "ratio_p50": round(lat["p50"] / base["p50"], 3) if base["p50"] else None,
-        "ratio_p50_vs_stock": round(lat["p50"] / _stats(stock)["p50"], 3),
+        "ratio_p50_vs_stock": round(lat["p50"] / stock_stats["p50"], 3) if stock_stats["p50"] else None,
         "finals_reused": reused,
+        "finals_reused_at_end_of_turn": reused_eot,
         "utterances": len(utterances),
         "utterance_seconds": _stats([len(c) / RATE for _, c in utterances]),
         "vad_split_turns": split,
