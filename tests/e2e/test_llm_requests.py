@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from voicepipe.config import LLMSettings
 from voicepipe.errors import VoicepipeError
@@ -208,3 +209,25 @@ async def test_overloaded_when_not_admitted_in_time(loaded):
         await task
     finally:
         engine.stop()
+
+
+async def test_raw_completion_matches_generate_and_hits_prefix_cache(engine, loaded):
+    model_ref, tokenizer = loaded  # the engine's own model: plain generate still runs stock SDPA on it
+    prompt = "The three primary colours are red, yellow and"
+    gen = engine.complete(prompt, max_tokens=8)
+    await collect(gen)
+    ids = tokenizer(prompt)["input_ids"]
+    with torch.inference_mode():
+        ref = model_ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8)[0, len(ids):].tolist()
+    assert gen.token_ids == ref
+    long_prompt = "Once upon a time, in a small village by the sea, there lived an old fisherman. " * 4
+    a = engine.complete(long_prompt, max_tokens=2)
+    await collect(a)
+    b = engine.complete(long_prompt + "He", max_tokens=2)
+    await collect(b)
+    bs = engine.blocks.block_size
+    assert a.stats.cached_prompt_tokens == 0 or a.stats.cached_prompt_tokens < a.stats.prompt_tokens
+    assert b.stats.cached_prompt_tokens >= (a.stats.prompt_tokens // bs - 1) * bs > 0
+    with pytest.raises(EmptyMessagesError):
+        engine.complete("", max_tokens=2)
+    await still_serves(engine)

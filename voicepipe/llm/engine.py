@@ -33,6 +33,7 @@ from voicepipe.llm.chat import ChatRenderer, validate_messages
 from voicepipe.llm.detok import IncrementalDetokenizer
 from voicepipe.llm.errors import (
     ContextOverflowError,
+    EmptyMessagesError,
     EngineStoppedError,
     InvalidRequestError,
     LLMError,
@@ -322,15 +323,64 @@ class LLMEngine:
                  params: SamplingParams | None = None, **sampling: Any) -> Generation:
         """Start a reply to ``new_messages`` appended to ``session`` (None: a sessionless request whose messages
         are the whole conversation). Call it from the event loop; iterate the result with ``async for``."""
-        loop = asyncio.get_running_loop()
+        params = self._params(params, sampling)
+        tier_rank(tier)
+        new = validate_messages(new_messages)
+
+        def prepare(session: Session, stats: RequestStats) -> None:
+            self._settle_reply(session)
+            msgs = new
+            system = session.system_prompt
+            if system is not None and not session.messages and msgs[0]["role"] != "system":
+                msgs = [{"role": "system", "content": system}] + msgs
+            self._append_turn(session, msgs, params.max_tokens, stats)
+
+        return self._submit(session, prepare, tier, params)
+
+    def complete(self, prompt: str | list[int], tier: str = "default", params: SamplingParams | None = None,
+                 **sampling: Any) -> Generation:
+        """A raw completion of ``prompt`` (text, or token ids), without a chat template and without a session.
+        Like every request it reuses cached blocks of any earlier request with the same prefix."""
+        params = self._params(params, sampling)
+        tier_rank(tier)
+        if isinstance(prompt, str):
+            if not prompt:
+                raise EmptyMessagesError("the prompt is empty.", "send a non-empty prompt.")
+            ids = self.tokenizer(prompt)["input_ids"]
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+            vocab = self.runner.vocab_size
+            if any(t < 0 or t >= vocab for t in prompt):
+                raise InvalidRequestError(f"a prompt token id is outside the vocabulary (0..{vocab - 1}).",
+                                          "send token ids of this model.")
+            ids = list(prompt)
+        else:
+            raise InvalidRequestError("the prompt must be a non-empty string or list of token ids.",
+                                      "send prompt as text.")
+        if len(ids) + params.max_tokens > self.context_budget:
+            raise ContextOverflowError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens={params.max_tokens} exceeds the context budget of "
+                f"{self.context_budget} tokens.", "send a shorter prompt or lower max_tokens.")
+
+        def prepare(session: Session, stats: RequestStats) -> None:
+            session.ids = ids
+            session.text = prompt if isinstance(prompt, str) else ""
+
+        return self._submit(None, prepare, tier, params)
+
+    def _params(self, params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
         if params is None:
             sampling.setdefault("max_tokens", self.settings.default_max_tokens)
-            params = SamplingParams(**sampling)
+            try:
+                params = SamplingParams(**sampling)
+            except TypeError as exc:
+                raise InvalidRequestError(f"unknown sampling option: {exc}.", "see SamplingParams.") from None
         elif sampling:
             raise InvalidRequestError("pass either params or sampling keywords, not both.", "pick one.")
         params.validate()
-        tier_rank(tier)
-        new = validate_messages(new_messages)
+        return params
+
+    def _submit(self, session: Session | None, prepare, tier: str, params: SamplingParams) -> Generation:
+        loop = asyncio.get_running_loop()
         if self._thread is None or not self._running:
             raise EngineStoppedError("the LLM engine is not running.", "call engine.start() first.")
         queue: asyncio.Queue = asyncio.Queue()
@@ -338,12 +388,8 @@ class LLMEngine:
             if session is None:
                 session = Session(ephemeral=True)
             self._check_idle(session)
-            self._settle_reply(session)
-            system = session.system_prompt
-            if system is not None and not session.messages and (not new or new[0]["role"] != "system"):
-                new = [{"role": "system", "content": system}] + new
             stats = RequestStats(arrival=time.monotonic())
-            self._append_turn(session, new, params.max_tokens, stats)
+            prepare(session, stats)
             stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.model_stop_ids)
             req = Request(session=session, params=params, tier=tier, stop_ids=stop_ids, stats=stats,
                           generator=make_generator(params, self.runner.device),

@@ -40,6 +40,7 @@ class ModelRunner:
         text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         text_cfg._attn_implementation = model.config._attn_implementation
         self.block_size = block_size
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache = PagedKVCache(self.shape.num_layers, num_blocks, block_size, self.shape.num_kv_heads,
                                   self.shape.head_dim, self.dtype, self.device)
         self.bytes_per_token = PagedKVCache.bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads,
