@@ -83,6 +83,39 @@ def serve(
                 log_level=settings.server.log_level)
 
 
+@app.command()
+def call(
+    wav: Annotated[Path, typer.Option("--wav", help="16-bit WAV: one or more utterances separated by silence.",
+                                      exists=True, dir_okay=False)],
+    url: Annotated[str, typer.Option(help="Server URL (ws://host:port) or a full endpoint URL.")] =
+        "ws://127.0.0.1:8000",
+    transport: Annotated[str, typer.Option(help="twilio, telnyx, vonage, plivo, exotel or native.")] = "native",
+    record: Annotated[Path | None, typer.Option(help="Write the agent's audio (as played) to this WAV.")] =
+        Path("agent.wav"),
+    token: Annotated[str | None, typer.Option(help="Shared secret (calls.auth_token on the server).")] = None,
+    system_prompt: Annotated[str | None, typer.Option(help="Override the agent's system prompt.")] = None,
+    greeting: Annotated[str | None, typer.Option(help="Override the greeting ('' for none).")] = None,
+    barge_in_after_ms: Annotated[float | None, typer.Option(
+        help="Speak each later utterance this long after the agent's reply starts (interrupting it).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON.")] = None,
+) -> None:
+    """Call the agent like a phone provider would: speak a WAV at real-time pace, record the replies."""
+    import asyncio
+
+    from voicepipe.transports.client import TRANSPORTS, call_wav, format_report, result_summary
+
+    if transport not in TRANSPORTS:
+        raise typer.BadParameter(f"--transport must be one of {', '.join(TRANSPORTS)}")
+    params = {k: v for k, v in (("system_prompt", system_prompt), ("greeting", greeting)) if v is not None}
+    result = asyncio.run(call_wav(url, transport, wav, params=params, token=token, record_path=record,
+                                  barge_in_after_ms=barge_in_after_ms))
+    console.print(format_report(result), highlight=False)
+    if record is not None:
+        console.print(f"agent audio written to {record}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(result_summary(result), indent=2))
+
+
 @config_app.command("show")
 def config_show() -> None:
     """Print the effective settings as JSON, secrets masked."""

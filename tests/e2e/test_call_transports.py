@@ -155,3 +155,33 @@ def test_four_simultaneous_calls(server, voice_dir: Path) -> None:
         assert users == [t["user_text"] for t in record["turns"]]
     assert len({r.call_id for r in results}) == 4
     assert not app.state.calls.active
+
+
+def test_voicepipe_call_cli(server, voice_dir: Path, tmp_path: Path) -> None:
+    """`voicepipe call` itself: one WAV with three utterances separated by silence, over Telnyx."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from voicepipe.transports.client import write_wav
+
+    utts = [speak(text, voice_dir) for text, _ in THREE_TURNS]
+    rate = utts[0].rate
+    gap = np.zeros(rate, np.int16)
+    write_wav(tmp_path / "caller.wav", np.concatenate([x for u in utts for x in (u.audio, gap)]), rate)
+    base, _ = server
+    proc = subprocess.run(
+        [sys.executable, "-m", "voicepipe.cli", "call", "--wav", str(tmp_path / "caller.wav"), "--url", base,
+         "--transport", "telnyx", "--record", str(tmp_path / "agent.wav"), "--json", str(tmp_path / "call.json")],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "turn 3:" in proc.stdout and "voice-to-voice at the client" in proc.stdout, proc.stdout
+    report = json.loads((tmp_path / "call.json").read_text())
+    assert [t["turn"] for t in report["turns"]] == [1, 2, 3]
+    for t, (_, key) in zip(report["turns"], THREE_TURNS, strict=True):
+        assert key in t["user_text"].lower() and t["agent_text"], t
+        assert t["agent_audio_s"] > 0.3 and t["voice_to_voice_ms"] > 0
+    audio, rec_rate = read_wav(tmp_path / "agent.wav")
+    assert rec_rate == 16000 and len(audio) / rec_rate > 2.0  # greeting and three replies, as played

@@ -706,3 +706,35 @@ def format_report(result: CallResult) -> str:
                         if t.clear_at and t.speech_start else "")
                      + (f", server {t.server_timings_ms}" if t.server_timings_ms else ""))
     return "\n".join(lines)
+
+
+def endpoint_url(url: str, transport: str) -> str:
+    """`url` as given when it has a path; otherwise the transport's endpoint on that server."""
+    parts = urlsplit(url)
+    if parts.path not in ("", "/"):
+        return url
+    path = "/ws" if transport == "native" else f"/ws/{transport}"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+async def call_wav(url: str, transport: str, wav: Path, **options: Any) -> CallResult:
+    """`voicepipe call`: speak the utterances of `wav` (separated by silence) over `transport`."""
+    audio, rate = read_wav(wav)
+    utterances = split_utterances(audio, rate)
+    if not utterances:
+        raise ValueError(f"{wav}: no speech found")
+    return await run_call(endpoint_url(url, transport), transport, utterances, **options)
+
+
+def result_summary(result: CallResult) -> dict[str, Any]:
+    """The call as plain data (for --json)."""
+    return {
+        "call_id": result.call_id, "transport": result.transport, "close_code": result.close_code,
+        "greeting_audio_s": round(result.greeting_audio_s, 3), "clears": len(result.clears),
+        "marks_acked": result.marks_acked,
+        "turns": [{"turn": t.index, "user_text": t.user_text, "agent_text": t.agent_text,
+                   "voice_to_voice_ms": None if t.voice_to_voice_ms is None else round(t.voice_to_voice_ms, 1),
+                   "agent_audio_s": round(t.audio_s, 3), "server_timings_ms": t.server_timings_ms,
+                   "clear_after_speech_start_ms": None if not (t.clear_at and t.speech_start)
+                   else round((t.clear_at - t.speech_start) * 1000, 1)} for t in result.turns],
+    }
