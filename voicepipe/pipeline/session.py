@@ -119,6 +119,7 @@ class _Reply:
     pieces: list[tuple[int, int]] = field(default_factory=list)  # (text end, tokens so far) per piece
     tokens: int = 0
     first_audio: float | None = None
+    record: TurnRecord | None = None
 
 
 class CallSession:
@@ -169,16 +170,20 @@ class CallSession:
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
-        from voicepipe.vad import TurnDetector
-
         self._loop = asyncio.get_running_loop()
         self.session = self.res.engine.open_session(self.system_prompt)
-        self.detector = TurnDetector(self.res.vad, PIPELINE_RATE, self.settings.vad)
+        self.detector = self._make_detector()
         self.stt = self.res.transcriber.open_stream(PIPELINE_RATE, on_partial=self._on_partial)
         self._watchdog = asyncio.create_task(self._watch_idle(), name=f"idle-{self.call_id}")
         if self.greeting:
             self._pending_assistant = self.greeting
-            self._start_reply(_Reply(0, self._open_speech(0), greeting=True))
+            self.state = CallState.SPEAKING
+            self._start_reply(_Reply(0, self._open_speech(0), greeting=True, text=self.greeting))
+
+    def _make_detector(self):
+        from voicepipe.vad import TurnDetector
+
+        return TurnDetector(self.res.vad, PIPELINE_RATE, self.settings.vad)
 
     async def close(self, reason: str = "hangup") -> None:
         """End the call: cancel everything in flight and release the LLM session and every buffer."""
@@ -276,8 +281,10 @@ class CallSession:
         now = time.monotonic()
         marks = {"speech_end": now - speech_end_ago, "end_of_turn": now}
         self.state = CallState.THINKING
-        stream = self._open_speech(self._turns)
-        self._start_reply(_Reply(self._turns, stream), future=future, marks=marks)
+        record = TurnRecord(self._turns)
+        self.record.turns.append(record)
+        reply = _Reply(self._turns, self._open_speech(self._turns), record=record)
+        self._start_reply(reply, future=future, marks=marks)
 
     def _on_partial(self, transcript) -> None:  # STT worker thread
         loop = self._loop
@@ -306,7 +313,7 @@ class CallSession:
                                          name=f"reply-{self.call_id}-{reply.turn}")
 
     async def _run_reply(self, reply: _Reply, future, marks: dict[str, float]) -> None:
-        record = None
+        record = reply.record
         try:
             if reply.greeting:
                 self.state = CallState.SPEAKING
@@ -314,8 +321,6 @@ class CallSession:
                 reply.stream.say(self.greeting)
                 await self._pump_audio(reply)
             else:
-                record = TurnRecord(reply.turn)
-                self.record.turns.append(record)
                 transcript = await asyncio.wrap_future(future)
                 marks["final_transcript"] = time.monotonic()
                 text = transcript.text.strip()
@@ -435,15 +440,15 @@ class CallSession:
 
     async def _after_barge_in(self, reply: _Reply, heard: list[Any]) -> None:
         played = _played_samples(heard, reply.turn)
-        heard_text = reply.stream.cursor.heard(played).text if played else ""
         char_end = reply.stream.cursor.heard(played).char_end if played else 0
+        heard_text = reply.text[:char_end].strip()
         log.info("call %s: barge-in on turn %d after %d samples: heard %r", self.call_id, reply.turn, played,
                  heard_text)
         if reply.greeting:
             self.record.greeting_heard = heard_text
             self._pending_assistant = heard_text or None
             return
-        record = next((r for r in self.record.turns if r.turn == reply.turn), None)
+        record = reply.record
         if record is not None:
             record.interrupted = True
             record.heard_text = heard_text

@@ -1,0 +1,424 @@
+"""CallSession's state machine with scripted stand-ins for the models (the real ones run in tests/e2e).
+
+The VAD events, the final transcripts, the LLM's reply pieces and the transport's playout cursor are scripted,
+so each rule is checked exactly: the cycle listening -> thinking -> speaking -> listening, the greeting, barge-in
+(clear, cancel, rollback to the tokens whose words were heard), short noises, interrupting the thinking,
+overrides from the start message, a failing turn, and the release of everything at the end of the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from voicepipe.config import Settings
+from voicepipe.pipeline import CallResources, CallSession, CallState
+from voicepipe.transports.playback import Heard
+from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
+from voicepipe.vad import VADEvent
+
+RATE = 16000
+OUT_RATE = 8000
+PER_CHAR = 80  # output samples per character of agent text (10 ms at 8 kHz)
+
+
+class FakeDetector:
+    def __init__(self) -> None:
+        self.stream = SimpleNamespace(samples_processed=0)
+        self.pending: list[VADEvent] = []
+
+    def push(self, audio: np.ndarray) -> list[VADEvent]:
+        self.stream.samples_processed += len(audio)
+        out, self.pending = self.pending, []
+        return out
+
+
+class FakeSTTStream:
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.samples_pushed = 0
+        self.futures: list[Future] = []
+        self.cancelled_turns = 0
+        self.closed = False
+        self.hold = False  # leave the final pending (the caller is "thinking")
+
+    def push(self, audio: np.ndarray) -> None:
+        self.samples_pushed += len(audio)
+
+    def finish(self, end_sample=None) -> Future:
+        fut: Future = Future()
+        self.futures.append(fut)
+        if not self.hold:
+            fut.set_result(SimpleNamespace(text=self.texts.pop(0)))
+        return fut
+
+    def cancel_turn(self) -> None:
+        self.cancelled_turns += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeSpeech:
+    """Synthesizes each pushed clause at once: PER_CHAR samples per character, word timings from spaces."""
+
+    def __init__(self, rate: int, turn: int) -> None:
+        self.rate, self.turn = rate, turn
+        self.cursor = PlayoutCursor()
+        self.frames: list = []
+        self.text = ""
+        self.pos = 0
+        self.done = self.cancelled = False
+        self.error = None
+        self.index = 0
+
+    def _synth(self, text: str) -> list:
+        if not text or self.cancelled:
+            return []
+        start_char = len(self.text)
+        self.text += text
+        words, offset = [], 0
+        for word in text.split(" "):
+            if word:
+                a = start_char + offset
+                words.append(WordTiming(word, a, a + len(word), self.pos + offset * PER_CHAR,
+                                        self.pos + (offset + len(word)) * PER_CHAR))
+            offset += len(word) + 1
+        n = len(text) * PER_CHAR
+        self.cursor.add(SpeechOrigin(self.turn, self.index, text, start_char, start_char + len(text), self.pos,
+                                     self.pos + n, self.rate, tuple(words)))
+        self.index += 1
+        for i in range(0, n, 160):
+            self.frames.append(SimpleNamespace(samples=np.zeros(min(160, n - i), np.int16), start_sample=self.pos + i))
+        self.pos += n
+        return [text]
+
+    def push_text(self, text: str) -> list:
+        return self._synth(text)
+
+    def end_text(self) -> list:
+        self.done = True
+        return []
+
+    def say(self, text: str) -> None:
+        self._synth(text)
+        self.done = True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.frames.clear()
+        self.done = True
+
+    def read(self, timeout=None):
+        if self.cancelled or not self.frames:
+            return None
+        return self.frames.pop(0)
+
+    @property
+    def queued_frames(self) -> int:
+        return len(self.frames)
+
+
+class FakeGeneration:
+    def __init__(self, engine, words: list[str]) -> None:
+        self.engine, self.words = engine, words
+        self.stats = SimpleNamespace(prompt_tokens=40, cached_prompt_tokens=30, output_tokens=len(words))
+
+    async def _run(self):
+        self.engine.session.busy = True
+        try:
+            for i, word in enumerate(self.words):
+                await asyncio.sleep(0.001)
+                yield SimpleNamespace(text=(" " if i else "") + word, token_ids=[i], time=0.0)
+                if self.engine.slow:
+                    await asyncio.sleep(10)
+        finally:
+            self.engine.session.busy = False
+
+    def __aiter__(self):
+        return self._run()
+
+
+class FakeEngine:
+    def __init__(self, reply: str = "Hello there my good friend.") -> None:
+        self.reply = reply
+        self.calls: list[list[dict]] = []
+        self.rollbacks: list[int] = []
+        self.closed: list = []
+        self.session = None
+        self.fail = False
+        self.slow = False
+
+    def open_session(self, system_prompt=None):
+        self.session = SimpleNamespace(system_prompt=system_prompt, busy=False, closed=False)
+        return self.session
+
+    def generate(self, session, messages, **kw):
+        if self.fail:
+            raise RuntimeError("the engine is on fire")
+        self.calls.append(messages)
+        return FakeGeneration(self, self.reply.split(" "))
+
+    def rollback_reply(self, session, heard_tokens: int) -> None:
+        self.rollbacks.append(heard_tokens)
+
+    def close_session(self, session) -> None:
+        session.closed = True
+        self.closed.append(session)
+
+    def history(self, session):
+        return [{"role": "system", "content": session.system_prompt}]
+
+
+class FakeOutput:
+    sample_rate = OUT_RATE
+
+    def __init__(self) -> None:
+        self.plays: list[tuple[tuple, int]] = []
+        self.played = 0  # samples of the current generation the caller has heard
+        self.playing = True
+        self.clears = 0
+        self.events: list[tuple[str, dict]] = []
+        self.ended_replies = 0
+
+    def play(self, audio, origin) -> None:
+        self.plays.append((origin, len(audio)))
+
+    def end_of_reply(self) -> None:
+        self.ended_replies += 1
+
+    def is_playing(self) -> bool:
+        return self.playing
+
+    def heard(self):
+        out, start = [], 0
+        for origin, n in self.plays:
+            out.append(Heard(origin, max(0, min(self.played - start, n)), n))
+            start += n
+        return out
+
+    def clear(self):
+        heard = self.heard()
+        self.clears += 1
+        self.plays, self.played = [], 0
+        return heard
+
+    def event(self, kind: str, **data) -> None:
+        self.events.append((kind, data))
+
+
+class Harness:
+    def __init__(self, greeting: str | None = None, params: dict | None = None, texts: list[str] | None = None):
+        settings = Settings()
+        settings.calls.greeting = greeting
+        settings.calls.barge_in_min_speech_ms = 150
+        self.engine = FakeEngine()
+        self.stt = FakeSTTStream(texts or ["what time is it", "and tomorrow"])
+        synth = SimpleNamespace(open_stream=lambda rate, turn: FakeSpeech(rate, turn))
+        transcriber = SimpleNamespace(open_stream=lambda rate, on_partial=None: self.stt)
+        self.output = FakeOutput()
+        self.detector = FakeDetector()
+        res = CallResources(self.engine, None, transcriber, synth)
+        self.call = CallSession(res, settings, self.output, input_rate=RATE, parameters=params)
+        self.call._make_detector = lambda: self.detector
+
+    def push(self, ms: float, *events: VADEvent) -> None:
+        self.detector.pending += list(events)
+        self.call.push_audio(np.zeros(int(RATE * ms / 1000), np.int16))
+
+    def ev(self, kind: str, at_ms: float | None = None) -> VADEvent:
+        sample = self.detector.stream.samples_processed if at_ms is None else int(at_ms * RATE / 1000)
+        return VADEvent(kind, sample, RATE)
+
+    async def settle(self, until=lambda: True, timeout: float = 2.0) -> None:
+        for _ in range(int(timeout / 0.005)):
+            await asyncio.sleep(0.005)
+            if until():
+                return
+        raise AssertionError("condition not reached")
+
+    async def one_turn(self) -> None:
+        """Speech, then its end of turn; waits until the agent speaks."""
+        self.push(20, self.ev("speech_start"))
+        self.push(400)
+        self.push(20, self.ev("speech_end"))
+        self.push(20, self.ev("end_of_turn"))
+        assert self.call.state is CallState.THINKING
+        await self.settle(lambda: self.call.state is CallState.SPEAKING)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_greeting_then_a_full_turn_cycle() -> None:
+    async def main():
+        h = Harness(greeting="Hi there.")
+        await h.call.start()
+        assert h.call.state is CallState.SPEAKING  # the greeting plays first
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+
+        h.output.playing = True
+        await h.one_turn()
+        await h.settle(lambda: h.output.ended_replies == 2)
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        # The greeting goes into the LLM history with the first user message.
+        assert h.engine.calls[0] == [{"role": "assistant", "content": "Hi there."},
+                                     {"role": "user", "content": "what time is it"}]
+        turn = h.call.record.turns[0]
+        assert turn.user_text == "what time is it" and turn.agent_text == "Hello there my good friend."
+        assert turn.cached_prompt_tokens == 30 and not turn.interrupted
+        assert {"response", "voice_to_voice"} <= set(turn.timings_ms)
+        kinds = [k for k, _ in h.output.events]
+        assert "transcript" in kinds and "agent_text" in kinds and "turn" in kinds
+
+        h.output.playing = True
+        await h.one_turn()
+        assert h.engine.calls[1] == [{"role": "user", "content": "and tomorrow"}]
+        await h.call.close("stop")
+
+    run(main())
+
+
+def test_barge_in_clears_and_rolls_back_to_the_heard_words() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        await h.one_turn()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        # The caller has heard "Hello there" and half of "my" (marks or clock), then talks for 200 ms.
+        h.output.played = len("Hello there m") * PER_CHAR
+        h.push(20, h.ev("speech_start"))
+        h.push(100)
+        assert h.output.clears == 0  # not yet: 120 ms < 150 ms
+        h.push(60)
+        assert h.output.clears == 1
+        assert h.call.state is CallState.LISTENING
+        await h.settle(lambda: h.engine.rollbacks)
+        assert h.engine.rollbacks == [2]  # the tokens of "Hello" and " there"
+        turn = h.call.record.turns[0]
+        assert turn.interrupted and turn.heard_text == "Hello there"
+        assert h.call.record.barge_ins == 1
+        h.push(200)
+        assert h.output.clears == 1  # one barge-in per reply
+        # The interrupting speech is the next turn.
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        assert h.call.state is CallState.THINKING
+        await h.settle(lambda: len(h.engine.calls) == 2)
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_short_noise_while_speaking_does_not_interrupt() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        await h.one_turn()
+        h.push(20, h.ev("speech_start"))
+        h.push(60)
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        assert h.output.clears == 0 and h.call.state is CallState.SPEAKING
+        assert h.stt.cancelled_turns == 1  # the noise's STT turn is dropped, not answered
+        assert len(h.stt.futures) == 1
+        await h.call.close()
+
+    run(main())
+
+
+def test_speech_while_thinking_cancels_the_thinking() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        h.stt.hold = True
+        h.push(20, h.ev("speech_start"))
+        h.push(300)
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        assert h.call.state is CallState.THINKING
+        h.push(20, h.ev("speech_start"))
+        h.push(200)
+        assert h.call.state is CallState.LISTENING
+        await asyncio.sleep(0.05)
+        assert h.engine.calls == [] and h.engine.rollbacks == []  # the LLM never started: nothing to undo
+        assert h.call.record.turns[0].interrupted
+        await h.call.close()
+
+    run(main())
+
+
+def test_barge_in_mid_generation_waits_for_the_engine_then_rolls_back() -> None:
+    async def main():
+        h = Harness()
+        h.engine.slow = True  # the generation is still running when the caller talks
+        await h.call.start()
+        await h.one_turn()
+        h.output.played = 0
+        h.push(20, h.ev("speech_start"))
+        h.push(200)
+        await h.settle(lambda: h.engine.rollbacks)
+        assert h.engine.rollbacks == [0] and not h.engine.session.busy
+        assert h.call.record.turns[0].heard_text == ""
+        await h.call.close()
+
+    run(main())
+
+
+def test_start_message_overrides_prompt_and_greeting() -> None:
+    async def main():
+        h = Harness(greeting="Default hello.", params={"system_prompt": "You sell boats.", "greeting": ""})
+        await h.call.start()
+        assert h.engine.session.system_prompt == "You sell boats."
+        assert h.call.state is CallState.LISTENING and not h.output.plays  # no greeting
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_failing_turn_does_not_end_the_call() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        h.engine.fail = True
+        h.push(20, h.ev("speech_start"))
+        h.push(300)
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        assert "engine is on fire" in h.call.record.turns[0].error
+        assert not h.call.closed
+        h.engine.fail = False
+        await h.one_turn()
+        await h.call.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("during", ["listening", "speaking"])
+def test_close_releases_everything(during: str) -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        if during == "speaking":
+            await h.one_turn()
+        await h.call.close("stop")
+        assert h.call.state is CallState.ENDED and h.call.closed
+        assert h.engine.closed == [h.engine.session]
+        assert h.stt.closed
+        assert h.call.session is None and h.call.stt is None and h.call.detector is None
+        assert h.call.record.end_reason == "stop" and h.call.record.ended is not None
+        assert h.call.ended.is_set()
+        await asyncio.sleep(0.02)
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await h.call.close()  # idempotent
+
+    run(main())
