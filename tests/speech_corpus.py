@@ -39,7 +39,7 @@ SENTENCES = [
 # (voice, words per minute) for espeak-ng, one per sentence, cycling.
 ESPEAK_VOICES = [("en-us", 150), ("en-gb", 160), ("en-us+m3", 140), ("en-gb-x-rp", 165), ("en-us+f2", 150)]
 NOISE_RMS = 0.003  # the background floor, about -50 dBFS
-CORPUS_VERSION = 2
+CORPUS_VERSION = 3
 
 
 @dataclass
@@ -79,7 +79,11 @@ def espeak(text: str, voice: str, wpm: int) -> np.ndarray:
 
 
 def piper_clip(voice, text: str) -> np.ndarray:
-    audio = np.concatenate([c.audio_float_array for c in voice.synthesize(text)]).astype(np.float32)
+    """Piper without its random noise terms, so the corpus is the same on every machine and run."""
+    from piper.config import SynthesisConfig
+
+    quiet = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    audio = np.concatenate([c.audio_float_array for c in voice.synthesize(text, quiet)]).astype(np.float32)
     return resample(audio * 0.7, voice.config.sample_rate, RATE)
 
 

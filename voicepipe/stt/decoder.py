@@ -109,8 +109,10 @@ class WhisperDecoder:
         prompts = [self.prompt(c, p) for c, p in zip(contexts, prefixes, strict=True)]
         seconds = max(len(a) for a in audios) / SAMPLE_RATE
         max_new = int(8 + 5 * seconds)
+        # Seen with CTranslate2 4.8: the output stops near max_length / 2 tokens, so allow twice the budget.
+        max_length = min(448, 2 * (max(len(p) for p in prompts) + max_new))
         results = self.model.model.generate(
-            encoded, prompts, beam_size=self.beam_size, max_length=min(448, max(len(p) for p in prompts) + max_new),
+            encoded, prompts, beam_size=self.beam_size, max_length=max_length,
             return_scores=True, return_no_speech_prob=True, suppress_blank=not any(prefixes),
             suppress_tokens=self.suppress, repetition_penalty=1.0,
             no_repeat_ngram_size=0,
