@@ -23,12 +23,12 @@ ATTN_NAME = "voicepipe_paged"
 @dataclass
 class PrefillSpan:
     """A prefill chunk: tokens ``t0 .. t0+n`` of the packed batch attend to history slots ``kv`` (a ``slice`` of
-    the pool when the blocks are contiguous, else an index tensor); ``mask`` is None for a chunk that starts the
+    the pool when the blocks are consecutive, else a ``BlockGather``); ``mask`` is None for a chunk that starts the
     sequence (plain causal)."""
 
     t0: int
     n: int
-    kv: slice | torch.Tensor
+    kv: slice | BlockGather
     mask: torch.Tensor | None
 
 
@@ -36,7 +36,7 @@ class PrefillSpan:
 class StepLayout:
     slots: torch.Tensor  # [T] pool slot of each new token
     decode_rows: torch.Tensor | None = None  # [B] packed positions of the decode tokens
-    decode_kv: slice | torch.Tensor | None = None  # slice (one contiguous sequence) or [B, Lmax] gather indices
+    decode_kv: slice | BlockGather | None = None  # a slice (one sequence in consecutive blocks) or block ids
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] bool, None when all lengths are equal
     decode_rows_slice: slice | None = None  # the decode rows as a slice when they are consecutive
     prefills: list[PrefillSpan] = field(default_factory=list)
@@ -78,14 +78,26 @@ class PagedKVCache:
         return 0
 
 
-def _history(pool: torch.Tensor, kv: slice | torch.Tensor) -> torch.Tensor:
-    """[1 or B, kv_heads, L, head_dim] view or copy of the history."""
+@dataclass
+class BlockGather:
+    """History held in non-consecutive blocks: ``blocks`` is [n] (one sequence, ``length`` tokens kept) or
+    [B, n] (a batch, padded; the step's mask hides the padding). Whole blocks are copied, not single slots."""
+
+    blocks: torch.Tensor
+    block_size: int
+    length: int = 0
+
+
+def _history(pool: torch.Tensor, kv: slice | BlockGather) -> torch.Tensor:
+    """[1 or B, kv_heads, L, head_dim]: a view of the pool (consecutive blocks) or a block-wise copy."""
     if isinstance(kv, slice):
         return pool[kv].transpose(0, 1).unsqueeze(0)
-    if kv.dim() == 1:
-        return pool.index_select(0, kv).transpose(0, 1).unsqueeze(0)
-    b, length = kv.shape
-    return pool.index_select(0, kv.reshape(-1)).view(b, length, *pool.shape[1:]).transpose(1, 2)
+    tail = pool.shape[1:]
+    by_block = pool.view(-1, kv.block_size, *tail)
+    if kv.blocks.dim() == 1:
+        return by_block.index_select(0, kv.blocks).view(-1, *tail)[:kv.length].transpose(0, 1).unsqueeze(0)
+    b, n = kv.blocks.shape
+    return by_block.index_select(0, kv.blocks.reshape(-1)).view(b, n * kv.block_size, *tail).transpose(1, 2)
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

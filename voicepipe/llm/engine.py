@@ -41,7 +41,7 @@ from voicepipe.llm.errors import (
     SessionBusyError,
     SessionClosedError,
 )
-from voicepipe.llm.request import Request, RequestStats, tier_rank
+from voicepipe.llm.request import Request, RequestStats, State, tier_rank
 from voicepipe.llm.runner import ModelRunner, ModelShape
 from voicepipe.llm.sampling import SamplingParams, make_generator, sample
 from voicepipe.llm.scheduler import Scheduler
@@ -469,6 +469,13 @@ class LLMEngine:
     def _stop_at(self, req: Request, n_output: int) -> None:
         """A stop string ended the reply after ``n_output`` tokens: keep those, drop any later ones."""
         with self._lock:
+            if req.state is State.FINISHED:  # it ended in the same step: cut the finished reply directly
+                s = req.session
+                if (not s.busy and not s.closed and s.reply_start == req.stats.prompt_tokens
+                        and len(req.output_ids) > n_output):
+                    s.truncate_kv(self.blocks, s.reply_start + n_output)
+                    del req.output_ids[n_output:]
+                return
             req.keep_output = n_output
             req.cancelled = True
             self._lock.notify_all()
@@ -540,7 +547,7 @@ class LLMEngine:
         for item in items:
             req = item.request
             s = req.session
-            if req.state.value == "finished":  # cancelled while the step ran (close_session): already settled
+            if req.state is State.FINISHED:  # cancelled while the step ran (close_session): already settled
                 continue
             s.commit(self.blocks, item.n_tokens)
             if not item.samples:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from voicepipe.llm.attention import PagedKVCache, PrefillSpan, StepLayout, register
+from voicepipe.llm.attention import BlockGather, PagedKVCache, PrefillSpan, StepLayout, register
 from voicepipe.llm.scheduler import ScheduledItem
 
 log = logging.getLogger(__name__)
@@ -51,15 +51,15 @@ class ModelRunner:
         bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, stop)]
 
-    def _kv_ref(self, table: list[int], length: int) -> slice | list[int]:
-        """The history's slots: a slice when the blocks are consecutive, else the list of slot ids."""
+    def _kv_ref(self, table: list[int], length: int) -> slice | BlockGather:
+        """The history's slots: a slice of the pool when the blocks are consecutive, else a block gather."""
         bs = self.block_size
         n_blocks = -(-length // bs)
         first = table[0]
         if table[n_blocks - 1] - first == n_blocks - 1 and all(
                 table[i] == first + i for i in range(1, n_blocks)):
             return slice(first * bs, first * bs + length)
-        return self._slot_ids(table, 0, length)
+        return BlockGather(torch.tensor(table[:n_blocks], dtype=torch.long, device=self.device), bs, length)
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids, position ids, the step layout and the packed index of each sampled token."""
@@ -83,8 +83,6 @@ class ModelRunner:
                 decodes.append((t0, item))
                 continue
             kv = self._kv_ref(s.block_table, end)
-            if not isinstance(kv, slice):
-                kv = torch.tensor(kv, dtype=torch.long, device=dev)
             mask = None
             if item.start > 0:
                 mask = (torch.arange(end, device=dev)[None, :]
@@ -98,18 +96,17 @@ class ModelRunner:
                 layout.decode_rows_slice = slice(rows[0], rows[0] + len(rows))
             lengths = [it.start + 1 for _, it in decodes]
             if len(decodes) == 1:
-                kv = self._kv_ref(decodes[0][1].request.session.block_table, lengths[0])
-                layout.decode_kv = kv if isinstance(kv, slice) else torch.tensor(kv, dtype=torch.long, device=dev)
+                layout.decode_kv = self._kv_ref(decodes[0][1].request.session.block_table, lengths[0])
             else:
-                lmax = max(lengths)
-                gather = []
+                bs = self.block_size
+                n_max = -(-max(lengths) // bs)
+                tables = []
                 for (_, it), length in zip(decodes, lengths, strict=True):
-                    row = self._slot_ids(it.request.session.block_table, 0, length)
-                    gather.append(row + [row[-1]] * (lmax - length))
-                layout.decode_kv = torch.tensor(gather, dtype=torch.long, device=dev)
-                if min(lengths) != lmax:
-                    lens = torch.tensor(lengths, device=dev)
-                    layout.decode_mask = (torch.arange(lmax, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+                    table = it.request.session.block_table[:-(-length // bs)]
+                    tables.append(table + [table[-1]] * (n_max - len(table)))
+                layout.decode_kv = BlockGather(torch.tensor(tables, dtype=torch.long, device=dev), bs)
+                lens = torch.tensor(lengths, device=dev)
+                layout.decode_mask = (torch.arange(n_max * bs, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
         layout.single_prefill = not decodes and len(prefills) == 1
         input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
