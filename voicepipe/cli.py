@@ -89,7 +89,10 @@ def call(
                                       exists=True, dir_okay=False)],
     url: Annotated[str, typer.Option(help="Server URL (ws://host:port) or a full endpoint URL.")] =
         "ws://127.0.0.1:8000",
-    transport: Annotated[str, typer.Option(help="twilio, telnyx, vonage, plivo, exotel or native.")] = "native",
+    transport: Annotated[str, typer.Option(
+        help="twilio, telnyx, vonage, plivo, exotel, native, or audiosocket (--url tcp://host:port).")] = "native",
+    server_url: Annotated[str | None, typer.Option(
+        help="The server's HTTP URL for the call record, when --url is not it (audiosocket).")] = None,
     record: Annotated[Path | None, typer.Option(help="Write the agent's audio (as played) to this WAV.")] =
         Path("agent.wav"),
     token: Annotated[str | None, typer.Option(help="Shared secret (calls.auth_token on the server).")] = None,
@@ -108,7 +111,7 @@ def call(
         raise typer.BadParameter(f"--transport must be one of {', '.join(TRANSPORTS)}")
     params = {k: v for k, v in (("system_prompt", system_prompt), ("greeting", greeting)) if v is not None}
     result = asyncio.run(call_wav(url, transport, wav, params=params, token=token, record_path=record,
-                                  barge_in_after_ms=barge_in_after_ms))
+                                  barge_in_after_ms=barge_in_after_ms, record_url=server_url))
     console.print(format_report(result), highlight=False)
     if record is not None:
         console.print(f"agent audio written to {record}")

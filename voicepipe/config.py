@@ -134,6 +134,7 @@ class CallSettings(Section):
     max_lead_ms: float = Field(200.0, gt=0.0, le=5000.0)  # agent audio sent ahead of playout
     auth_token: SecretStr | None = None  # shared secret for /ws*: header, ?token=, or Telnyx's auth header
     allow_overrides: bool = True  # the start message may set system_prompt / greeting
+    audiosocket_port: int | None = Field(None, ge=0, le=65535)  # Asterisk AudioSocket TCP listener (None: off)
 
 
 class Settings(BaseSettings):

@@ -18,7 +18,7 @@ from voicepipe.transports.client import Utterance, read_wav, run_call, utterance
 
 pytestmark = pytest.mark.e2e
 
-TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native")
+TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native", "audiosocket")
 # Sentences whisper-tiny.en transcribes reliably from espeak-ng, at 8 kHz u-law too, with their key words.
 THREE_TURNS = [("I want to book a table for dinner.", "dinner"),
                ("Tell me about the weather in London.", "london"),
@@ -42,14 +42,16 @@ def voice_dir(tmp_path_factory) -> Path:
 def server():
     settings = load_settings(overrides={
         "calls": {"max_reply_tokens": 16, "greeting": "Hi, how can I help?", "temperature": 0.0,
-                  "barge_in_min_speech_ms": 150},
+                  "barge_in_min_speech_ms": 150, "audiosocket_port": 0},
         "llm": {"kv_cache_mib": 64},
     })
     with in_process_server(settings) as (base, app):
         yield base.replace("http://", "ws://"), app
 
 
-def ws_url(base: str, transport: str) -> str:
+def ws_url(base: str, transport: str, app=None) -> str:
+    if transport == "audiosocket":  # Asterisk AudioSocket: plain TCP on its own port
+        return f"tcp://127.0.0.1:{app.state.audiosocket_port}"
     return f"{base}/ws" if transport == "native" else f"{base}/ws/{transport}"
 
 
@@ -57,7 +59,8 @@ def ws_url(base: str, transport: str) -> str:
 def test_three_turn_call(server, voice_dir: Path, transport: str) -> None:
     base, app = server
     utts = [speak(text, voice_dir) for text, _ in THREE_TURNS]
-    result = asyncio.run(run_call(ws_url(base, transport), transport, utts, quiet_s=0.6))
+    result = asyncio.run(run_call(ws_url(base, transport, app), transport, utts, quiet_s=0.6,
+                                  record_url=base.replace("ws://", "http://")))
 
     assert result.greeting_audio_s > 0.3, "the greeting was not played"
     assert len(result.turns) == 3
@@ -71,6 +74,8 @@ def test_three_turn_call(server, voice_dir: Path, transport: str) -> None:
         assert record["end_reason"] == "disconnected"
     else:
         assert record["end_reason"] in ("stop", "callended", "hangup")  # the stop message's reason, if any
+    if transport == "audiosocket":
+        assert result.marks_acked == 0 and not result.clears  # no marks, no clear: paced on the local clock
     turns = record["turns"]
     assert [t["turn"] for t in turns] == [1, 2, 3], turns
     for t, (_, key) in zip(turns, THREE_TURNS, strict=True):

@@ -91,3 +91,18 @@ def test_urls() -> None:
     assert endpoint_url("wss://h/custom/path?token=x", "telnyx") == "wss://h/custom/path?token=x"
     assert http_base("ws://127.0.0.1:8000/ws/twilio") == "http://127.0.0.1:8000"
     assert http_base("wss://example.com/ws") == "https://example.com"
+
+
+def test_audiosocket_wire_against_the_serializer() -> None:
+    wire = make_wire("audiosocket", "not-a-uuid", {})
+    ser = make_serializer("audiosocket")
+    [start] = decode_all(ser, wire.start())
+    assert isinstance(start, Start) and start.call_id == wire.call_id and start.sample_rate == 8000
+    audio = tone(8000, 0.02)
+    [media] = decode_all(ser, wire.audio(audio))
+    assert np.array_equal(media.audio, audio)
+    # The server's 20 ms messages, split at arbitrary TCP boundaries, come back whole.
+    stream = b"".join(ser.encode_audio(tone(8000, 0.1)))
+    parsed = [item for i in range(0, len(stream), 77) for item in wire.parse(stream[i: i + 77])]
+    assert [k for k, _ in parsed] == ["audio"] * 5
+    assert decode_all(ser, wire.stop())[0].reason == "hangup"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 FRAME_S = 0.02
 RECORD_RATE = 16000
-TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native")
+TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native", "audiosocket")
 
 
 # -- utterances --------------------------------------------------------------------------------------------
@@ -346,8 +347,91 @@ class NativeWire(Wire):
         return [("event", msg)]
 
 
+class AudioSocketWire(Wire):
+    """Asterisk's side of AudioSocket: a UUID message, then 20 ms slin frames; no marks, no clear."""
+
+    rate = 8000
+    codec = "l16le"
+    text_only = False
+
+    def __init__(self, call_id: str, params: dict[str, Any]) -> None:
+        super().__init__(call_id, params)
+        self._buffer = bytearray()
+        try:
+            self.uuid = uuid.UUID(call_id)
+        except ValueError:
+            self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, call_id)
+        self.call_id = str(self.uuid)
+
+    @staticmethod
+    def _message(kind: int, payload: bytes = b"") -> bytes:
+        return bytes([kind]) + len(payload).to_bytes(2, "big") + payload
+
+    def start(self) -> list:
+        return [self._message(0x01, self.uuid.bytes)]
+
+    def audio(self, pcm16: np.ndarray) -> list:
+        return [self._message(0x10, self.encode(pcm16))]
+
+    def stop(self) -> list:
+        return [self._message(0x00)]
+
+    def parse(self, frame) -> list[tuple[str, Any]]:
+        self._buffer += frame
+        out: list[tuple[str, Any]] = []
+        while len(self._buffer) >= 3:
+            kind, length = self._buffer[0], int.from_bytes(self._buffer[1:3], "big")
+            if len(self._buffer) < 3 + length:
+                break
+            payload = bytes(self._buffer[3: 3 + length])
+            del self._buffer[: 3 + length]
+            if kind == 0x10:
+                out.append(("audio", self.decode(payload)))
+            elif kind == 0x00:
+                out.append(("hangup", None))
+            else:
+                out.append(("other", {"kind": kind}))
+        return out
+
+
+class _TCPConnection:
+    """What `run_call` needs of a WebSocket, over TCP (AudioSocket)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 9092
+        self.close_code: int | None = None
+        self.close_reason: str | None = None
+
+    async def __aenter__(self) -> _TCPConnection:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.transport = self.writer.transport
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.writer.close()
+        with contextlib.suppress(Exception):  # already reset
+            await self.writer.wait_closed()
+
+    async def send(self, frame: bytes) -> None:
+        self.writer.write(frame)
+        await self.writer.drain()
+
+    def __aiter__(self):
+        return self._chunks()
+
+    async def _chunks(self):
+        while True:
+            data = await self.reader.read(65536)
+            if not data:
+                self.close_code = 1000
+                return
+            yield data
+
+
 WIRES: dict[str, type[Wire]] = {"twilio": TwilioWire, "telnyx": TelnyxWire, "exotel": ExotelWire,
-                                "plivo": PlivoWire, "vonage": VonageWire, "native": NativeWire}
+                                "plivo": PlivoWire, "vonage": VonageWire, "native": NativeWire,
+                                "audiosocket": AudioSocketWire}
 
 
 def make_wire(transport: str, call_id: str, params: dict[str, Any], token: str | None = None) -> Wire:
@@ -489,7 +573,7 @@ class _Caller:
             async for frame in self.ws:
                 for kind, value in self.wire.parse(frame):
                     await self._on(kind, value)
-        except ConnectionClosed:
+        except (ConnectionClosed, ConnectionError):
             pass
         finally:
             rcvd = getattr(self.ws, "close_code", None)
@@ -575,17 +659,23 @@ async def run_call(
     barge_in_after_ms: float | None = None,
     record_path: Path | None = None,
     fetch_record: bool = True,
+    record_url: str | None = None,
 ) -> CallResult:
     """One call over `transport` at `url` (e.g. ws://127.0.0.1:8000/ws/twilio); see the module docstring."""
     from websockets.asyncio.client import connect
 
-    call_id = call_id or f"CA{uuid.uuid4().hex}"
+    call_id = call_id or (str(uuid.uuid4()) if transport == "audiosocket" else f"CA{uuid.uuid4().hex}")
     wire = make_wire(transport, call_id, dict(params or {}), token)
+    call_id = wire.call_id
     headers = dict(wire.headers())
     if token and transport != "telnyx":
         headers["authorization"] = f"Bearer {token}"
     result = CallResult(transport, call_id, started=time.monotonic())
-    async with connect(url, additional_headers=headers, max_size=8 << 20, open_timeout=30) as ws:
+    if transport == "audiosocket":
+        link = _TCPConnection(url)
+    else:
+        link = connect(url, additional_headers=headers, max_size=8 << 20, open_timeout=30)
+    async with link as ws:
         caller = _Caller(ws, wire, result)
         await caller.send(wire.start())
         tasks = [asyncio.create_task(caller.receiver()), asyncio.create_task(caller.sender())]
@@ -604,8 +694,8 @@ async def run_call(
         result.close_reason = ws.close_reason
     if record_path is not None:
         write_wav(record_path, result.agent_audio, RECORD_RATE)
-    if fetch_record:
-        result.record = await fetch_call_record(url, call_id, token)
+    if fetch_record and (transport != "audiosocket" or record_url):
+        result.record = await fetch_call_record(record_url or url, call_id, token)
         _merge_record(result)
     _merge_native(result)
     return result
@@ -711,7 +801,7 @@ def format_report(result: CallResult) -> str:
 def endpoint_url(url: str, transport: str) -> str:
     """`url` as given when it has a path; otherwise the transport's endpoint on that server."""
     parts = urlsplit(url)
-    if parts.path not in ("", "/"):
+    if parts.path not in ("", "/") or transport == "audiosocket":
         return url
     path = "/ws" if transport == "native" else f"/ws/{transport}"
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))

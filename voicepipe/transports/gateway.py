@@ -43,6 +43,10 @@ def create_call_router(app: FastAPI) -> APIRouter:
     """The call endpoints; keeps a `CallRegistry` on `app.state.calls`."""
     app.state.calls = CallRegistry()
     warm_up_in_background(app.state.runtime)
+    if app.state.settings.calls.audiosocket_port is not None:
+        from voicepipe.transports.audiosocket_server import start_audiosocket_listener
+
+        start_audiosocket_listener(app)
     router = APIRouter()
 
     @router.websocket("/ws")
@@ -137,8 +141,9 @@ async def serve_call(ws: WebSocket, transport: str) -> None:
         await conn.cleanup()
 
 
-async def _close(ws: WebSocket, code: int, reason: str) -> None:
-    if ws.application_state == WebSocketState.DISCONNECTED or ws.client_state == WebSocketState.DISCONNECTED:
+async def _close(ws, code: int, reason: str) -> None:
+    disconnected = WebSocketState.DISCONNECTED
+    if getattr(ws, "application_state", None) == disconnected or getattr(ws, "client_state", None) == disconnected:
         return
     with contextlib.suppress(Exception):  # already gone
         await ws.close(code=code, reason=reason[:120])
@@ -264,6 +269,9 @@ class Connection:
 
     async def _flush_and_close(self, code: int, reason: str) -> None:
         self._close_code, self._close_reason = code, reason
+        hangup = getattr(self.ser, "encode_hangup", None)
+        if hangup is not None and self.ser.started:  # AudioSocket: say goodbye in-band
+            self._send(hangup())
         self._out.put_nowait(None)  # the writer closes after the frames queued before this
         writer = self._tasks[0] if self._tasks else None
         if writer is not None:
