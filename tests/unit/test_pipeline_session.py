@@ -422,3 +422,19 @@ def test_close_releases_everything(during: str) -> None:
         await h.call.close()  # idempotent
 
     run(main())
+
+
+def test_idle_timeout_ends_the_call_but_not_while_the_agent_talks() -> None:
+    async def main():
+        h = Harness(greeting="Hello.")
+        h.call.cfg.idle_timeout_s = 0.2
+        await h.call.start()
+        await asyncio.sleep(0.4)
+        assert not h.call.ended.is_set()  # the greeting is still playing
+        h.output.playing = False
+        await h.settle(lambda: h.call.ended.is_set(), timeout=2.0)
+        assert h.call.end_reason == "idle_timeout"
+        await h.call.close(h.call.end_reason)
+        assert h.call.record.end_reason == "idle_timeout" and h.engine.closed
+
+    run(main())
