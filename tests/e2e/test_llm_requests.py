@@ -108,9 +108,8 @@ async def test_cancel_by_leaving_the_loop(engine):
     session = engine.open_session()
     gen = engine.generate(session, [{"role": "user", "content": "Count to one hundred."}], max_tokens=200,
                           ignore_eos=True)
-    agen = gen.__aiter__()
-    await agen.__anext__()
-    await agen.aclose()  # what `break` does once the generator is dropped
+    async for _ in gen:
+        break  # the dropped iterator is closed by asyncio, which cancels the request
     for _ in range(200):
         if not session.busy:
             break
