@@ -4,11 +4,13 @@ While the caller speaks, each stream asks for a partial every `partial_interval_
 re-decodes the growing utterance (without whisper's 30 s padding) and LocalAgreement commits the words two
 successive decodes agree on. At the end of the turn, `finish()` queues the final, which goes before every
 partial. Work done during speech is reused: when a decode made during speech already covers the audio up to
-the end of speech (`end_sample`, from the VAD), its text is the final and no model runs; otherwise one
-decode of the whole utterance runs at once. Partial requests are coalesced per stream (a stream never has
+the end of speech (`end_sample`, from the VAD), its text is the final at once (no model run, no wait behind
+the worker's current job); otherwise one decode of the whole utterance runs next (after an in-flight decode
+that may itself cover the end). Partial requests are coalesced per stream (a stream never has
 two waiting) and dropped when they have waited longer than `stale_partial_ms`.
 
-Callbacks run on the worker thread; keep them short (e.g. `loop.call_soon_threadsafe`).
+Callbacks run on the worker thread (or, for a final that is ready at once, on the thread that called
+`finish`); keep them short (e.g. `loop.call_soon_threadsafe`).
 """
 
 from __future__ import annotations
@@ -284,8 +286,22 @@ class Transcriber:
 
     def _submit_final(self, stream: TranscriptStream, turn: _Turn, end: int) -> Future[Transcript]:
         job = _FinalJob(stream, turn, end, Future(), context=stream.context)
+        # Fast path: a decode made during speech already covers the end, so the final is ready now, without
+        # waiting behind the job the worker is running.
+        if turn.pending_segments == 0 and self._reusable(turn, end) is not None:
+            with self._cond:
+                self._finish_turn(job)
+            return job.future
         self._enqueue_final(job)
         return job.future
+
+    @staticmethod
+    def _reusable(turn: _Turn, end: int) -> DecodeResult | None:
+        last = turn.last
+        if last is not None and end > 0 and (
+                last.samples >= end or _silent_tail(turn.buffer[: turn.n], last.samples, end)):
+            return last
+        return None
 
     def _submit_segment(self, stream: TranscriptStream, turn: _Turn, index: int, audio: np.ndarray) -> None:
         job = _FinalJob(stream, turn, len(audio), Future(), audio=audio, segment=index, context=stream.context)
@@ -383,18 +399,22 @@ class Transcriber:
             turn.pending_segments -= 1
             job.future.set_result(None)
             return
-        last = turn.last
-        reused = last is not None and job.end > 0 and (
-            last.samples >= job.end or _silent_tail(turn.buffer[: turn.n], last.samples, job.end))
-        if reused:
-            text = last.text
+        self._finish_turn(job, start)
+
+    def _finish_turn(self, job: _FinalJob, start: float | None = None) -> None:
+        """Complete a turn's final: from a decode made during speech when one covers the end, else decode."""
+        turn = job.turn
+        last = self._reusable(turn, job.end)
+        if last is not None:
+            text, ms = last.text, 0.0
             self.stats.finals_reused += 1
         else:
+            start = time.perf_counter() if start is None else start
             text = self._decode([turn.audio(job.end)], [job.context])[0].text
+            ms = (time.perf_counter() - start) * 1000
         self.stats.finals_done += 1
-        ms = 0.0 if reused else (time.perf_counter() - start) * 1000
         full = _join(turn.segments, text)
-        result = Transcript(full, True, turn.id, full, job.end / 16, ms, reused)
+        result = Transcript(full, True, turn.id, full, job.end / 16, ms, last is not None)
         job.future.set_result(result)
         if job.stream is not None and job.stream.on_final is not None:
             _call(job.stream.on_final, result)
