@@ -161,3 +161,20 @@ def test_final_reuses_the_last_partial_when_only_silence_is_missing() -> None:
     final = other.finish(end_sample=17600).result(timeout=5)
     stt.close()
     assert not final.reused and final.text == " ".join(f"w{i}" for i in range(11))
+
+
+def test_covered_final_does_not_wait_behind_the_worker() -> None:
+    stt, fake = make(partial_interval_ms=500)
+    stream = stt.open_stream(16000)
+    stream.push(loud(1.0))
+    deadline = time.monotonic() + 5
+    while stt.stats.partials_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fake.gate.clear()  # the worker gets stuck on another call's long decode
+    other = stt.open_stream(16000)
+    other.push(loud(0.6))
+    time.sleep(0.05)
+    future = stream.finish(end_sample=16000)
+    assert future.done() and future.result().reused  # ready at once, from the decode made during speech
+    fake.gate.set()
+    stt.close()
