@@ -170,6 +170,31 @@ def models_verify(
         console.print(f"[green]✓[/] {name}")
 
 
+@bench_app.command("call")
+def bench_call(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    calls: Annotated[list[int] | None, typer.Option("--calls", help="Concurrent calls per run (repeatable).")] =
+        None,
+    turns: Annotated[int, typer.Option(min=2, help="Turns per call.")] = 30,
+    url: Annotated[str | None, typer.Option(help="A running server (http://host:port); default: in-process.")] =
+        None,
+    token: Annotated[str | None, typer.Option(help="calls.auth_token of that server.")] = None,
+) -> None:
+    """N concurrent multi-turn Twilio calls: voice-to-voice, response latency and TTFT turn N over turn 2."""
+    from voicepipe.pipeline.bench_call import run_call_bench
+
+    report = run_call_bench(settings_with(), calls or [1, 4], turns, url, token, progress=console.print)
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("calls", "v2v p50", "v2v p95", "response p50", "response p95", "TTFT p50", f"TTFT t{turns}/t2",
+                  title="voice calls (ms)")
+    for run in report["runs"]:
+        v, r, t = run["voice_to_voice_ms"], run["response_ms"], run["ttft_ms"]
+        table.add_row(str(run["calls"]), str(v["p50"]), str(v["p95"]), str(r["p50"]), str(r["p95"]), str(t["p50"]),
+                      str(run.get(f"ttft_turn{turns}_over_turn2")))
+    console.print(table)
+
+
 @bench_app.command("speech")
 def bench_speech(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,

@@ -25,7 +25,7 @@ from starlette.websockets import WebSocketState
 from voicepipe.pipeline import CallRegistry, CallSession, call_resources
 from voicepipe.pipeline.resources import warm_up_in_background
 from voicepipe.transports.events import Mark, Media, Start, Stop, TransportError
-from voicepipe.transports.playback import PlaybackController
+from voicepipe.transports.playback import Heard, PlaybackController
 from voicepipe.transports.serializers import Serializer, make_serializer
 from voicepipe.transports.serializers.native import NativeSerializer
 from voicepipe.transports.serializers.telnyx import AUTH_HEADER as TELNYX_AUTH_HEADER
@@ -169,6 +169,7 @@ class Connection:
         self._close_code: int | None = None
         self._close_reason = ""
         self._last_lead = 0.0
+        self._released: dict[object, int] = {}  # turn -> end of its audio heard and released (this generation)
         self.clock = time.monotonic
 
     # -- the read loop ------------------------------------------------------------------------------
@@ -331,6 +332,7 @@ class Connection:
             if pb is None:
                 return
             now = self.clock()
+            self._release_heard(pb, now)
             for chunk in pb.poll(now):
                 frames = ser.encode_audio(chunk.audio)
                 if chunk.mark is not None:
@@ -340,6 +342,15 @@ class Connection:
             timeout = None if due is None else max(0.0, due - self.clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _release_heard(self, pb: PlaybackController, now: float) -> None:
+        """Drop the pieces heard completely (memory stays flat over a long call), remembering how far each
+        turn's audio was heard, so a later barge-in still knows."""
+        for h in pb.release_heard(now):
+            origin = h.origin
+            if isinstance(origin, tuple) and len(origin) == 3:
+                turn, start, length = origin
+                self._released[turn] = max(self._released.get(turn, 0), start + length)
 
     # -- AgentOutput (what the CallSession sees) --------------------------------------------------------
     def play(self, audio: np.ndarray, origin: object) -> None:
@@ -368,10 +379,14 @@ class Connection:
     def clear(self) -> list:
         if self.pb is None:
             return []
-        result = self.pb.clear(self.clock())
+        now = self.clock()
+        self._release_heard(self.pb, now)
+        released = [Heard((turn, 0, end), end, end) for turn, end in self._released.items()]
+        self._released = {}
+        result = self.pb.clear(now)
         self._send(self.ser.encode_clear())
         self._wake.set()
-        return result.heard
+        return released + result.heard
 
     def event(self, kind: str, **data: Any) -> None:
         ser = self.ser

@@ -1,0 +1,151 @@
+"""`voicepipe bench call`: N concurrent multi-turn calls over Twilio with `voicepipe call`'s client.
+
+Per run (one per N) the report holds p50/p95/p99 of
+- voice-to-voice: the caller's last speech sample sent -> the first agent audio received (client clock),
+- response: the server's end-of-turn decision -> the first agent audio handed to the transport,
+- the LLM TTFT of each turn (server side), and TTFT at the last turn (30 by default) over turn 2, the
+  figure that shows whether the call's KV cache keeps later turns as cheap as early ones.
+Caller utterances are made with espeak-ng; calls run against `--url`, or an in-process server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voicepipe.transports.client import Utterance, read_wav, run_call, utterance
+
+SENTENCES = [
+    "I want to book a table for dinner.",
+    "Tell me about the weather in London.",
+    "What is the capital of France?",
+    "Can you recommend a good movie?",
+    "I would like to order a pizza.",
+    "How do I reset my password?",
+    "Can you play some music?",
+    "What time do you open tomorrow?",
+    "Do you have any vegetarian dishes?",
+    "Thank you, that is very helpful.",
+]
+
+
+def stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None, "n": 0}
+    arr = np.asarray(values, dtype=float)
+    return {"p50": round(float(np.percentile(arr, 50)), 1), "p95": round(float(np.percentile(arr, 95)), 1),
+            "p99": round(float(np.percentile(arr, 99)), 1), "n": len(values)}
+
+
+def make_utterances(turns: int, directory: Path) -> list[Utterance]:
+    cache: dict[str, Utterance] = {}
+    out = []
+    for i in range(turns):
+        text = SENTENCES[i % len(SENTENCES)]
+        if text not in cache:
+            path = directory / f"u{len(cache)}.wav"
+            subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+            audio, rate = read_wav(path)
+            cache[text] = utterance(audio, rate)
+        out.append(cache[text])
+    return out
+
+
+@contextmanager
+def in_process_server(settings, ready_timeout: float = 300):
+    """The app under uvicorn in a thread on a free loopback port; yields its base http URL once ready."""
+    import socket
+
+    import httpx
+    import uvicorn
+
+    from voicepipe.server import create_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        else:
+            raise TimeoutError("the server never became ready")
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None) -> dict[str, Any]:
+    url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws/twilio"
+    started = time.monotonic()
+    results = await asyncio.gather(*[
+        run_call(url, "twilio", utterances, token=token, quiet_s=0.6, reply_timeout_s=120, record_url=base)
+        for _ in range(n_calls)])
+    v2v, response, ttft = [], [], []
+    per_turn: dict[int, dict[str, list[float]]] = {}
+    for result in results:
+        server_turns = {t["turn"]: t for t in (result.record or {}).get("turns", [])}
+        for turn in result.turns:
+            row = per_turn.setdefault(turn.index, {"voice_to_voice": [], "response": [], "ttft": []})
+            if turn.voice_to_voice_ms is not None:
+                v2v.append(turn.voice_to_voice_ms)
+                row["voice_to_voice"].append(turn.voice_to_voice_ms)
+            timings = server_turns.get(turn.index, {}).get("timings_ms", {})
+            for key, bucket in (("response", response), ("ttft", ttft)):
+                if key in timings:
+                    bucket.append(timings[key])
+                    row[key].append(timings[key])
+    last = max(per_turn) if per_turn else 0
+    t2 = np.median(per_turn[2]["ttft"]) if 2 in per_turn and per_turn[2]["ttft"] else None
+    tl = np.median(per_turn[last]["ttft"]) if last and per_turn[last]["ttft"] else None
+    return {
+        "calls": n_calls,
+        "turns": len(utterances),
+        "seconds": round(time.monotonic() - started, 1),
+        "voice_to_voice_ms": stats(v2v),
+        "response_ms": stats(response),
+        "ttft_ms": stats(ttft),
+        f"ttft_turn{last}_over_turn2": round(float(tl / t2), 3) if t2 and tl else None,
+        "ttft_turn30_over_turn2": round(float(tl / t2), 3) if t2 and tl and last == 30 else None,
+        "per_turn": [{"turn": k, **{f"{name}_ms_p50": stats(v)["p50"] for name, v in row.items()}}
+                     for k, row in sorted(per_turn.items())],
+        "turns_without_reply": sum(1 for r in results for t in r.turns if t.first_audio is None),
+    }
+
+
+def run_call_bench(settings, calls: list[int], turns: int = 30, url: str | None = None, token: str | None = None,
+                   progress: Callable[[str], None] = print) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        utterances = make_utterances(turns, Path(tmp))
+        runs = []
+        if url is None:
+            progress("starting an in-process server (models load first)")
+            with in_process_server(settings) as base:
+                for n in calls:
+                    progress(f"{n} concurrent call(s) of {turns} turns")
+                    runs.append(asyncio.run(bench_run(base, n, utterances, token)))
+        else:
+            base = url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/")
+            for n in calls:
+                progress(f"{n} concurrent call(s) of {turns} turns")
+                runs.append(asyncio.run(bench_run(base, n, utterances, token)))
+    return {"transport": "twilio", "turns": turns, "runs": runs}
