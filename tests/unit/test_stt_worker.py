@@ -178,3 +178,24 @@ def test_covered_final_does_not_wait_behind_the_worker() -> None:
     assert future.done() and future.result().reused  # ready at once, from the decode made during speech
     fake.gate.set()
     stt.close()
+
+
+def test_a_pause_after_speech_asks_for_a_partial_at_once() -> None:
+    stt, fake = make(partial_interval_ms=1000)
+    stream = stt.open_stream(16000)
+    for _ in range(20):
+        stream.push(loud(0.02))  # 400 ms of speech: under the 1 s interval, no partial yet
+    time.sleep(0.1)
+    assert stt.stats.partials_done == 0
+    for _ in range(6):
+        stream.push(np.zeros(320, np.float32))  # 120 ms of silence: the pause begins
+    deadline = time.monotonic() + 5
+    while stt.stats.partials_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stt.stats.partials_done == 1
+    assert fake.calls[-1][1] >= 6400 + 1600  # the decode covers the speech and the start of the pause
+    for _ in range(10):
+        stream.push(np.zeros(320, np.float32))  # the same pause goes on: no more requests
+    time.sleep(0.1)
+    stt.close()
+    assert stt.stats.partials_done == 1

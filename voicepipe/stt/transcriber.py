@@ -35,6 +35,10 @@ from voicepipe.vad.samples import AudioInputError, check_rate, to_float32
 log = logging.getLogger(__name__)
 
 
+PAUSE_MS = 100  # after this much quiet audio following speech, a partial is asked for at once
+PAUSE_RATIO = 0.1  # quiet: a chunk's RMS under this share of the caller's running peak
+
+
 class STTOverloaded(RuntimeError):
     """The shared worker has `max_queue` finals waiting; the caller should retry or fail the turn."""
 
@@ -63,6 +67,9 @@ class _Turn:
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     last: DecodeResult | None = None
     requested_at: int = 0  # samples at the last partial request
+    loud: float = 0.0  # running peak of the chunk RMS (slowly decaying): how loud this caller's speech is
+    quiet: int = 0  # samples since the audio last went above PAUSE_RATIO * loud
+    pause_requested: bool = True  # a partial was already asked for in the current pause
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -117,10 +124,29 @@ class TranscriptStream:
             turn = self._turn
             self._append(turn, audio)
             due = turn.n - turn.requested_at >= self.transcriber.partial_samples
-            if due:
+            if self._pause_began(turn, audio):
+                due = True  # speech just stopped: decode now, so the final is ready when the VAD says so
+            if due and len(audio):
                 turn.requested_at = turn.n
         if due:
             self.transcriber._request_partial(self)
+
+    @staticmethod
+    def _pause_began(turn: _Turn, audio: np.ndarray) -> bool:
+        """True once per pause: the audio has been quiet for PAUSE_MS after being loud."""
+        if not len(audio):
+            return False
+        rms = float(np.sqrt(np.mean(np.square(audio))))
+        turn.loud = max(rms, turn.loud * 0.998)
+        if rms >= PAUSE_RATIO * turn.loud and rms >= 1e-3:
+            turn.quiet = 0
+            turn.pause_requested = False
+            return False
+        turn.quiet += len(audio)
+        if not turn.pause_requested and turn.quiet >= PAUSE_MS * SAMPLE_RATE // 1000:
+            turn.pause_requested = True
+            return True
+        return False
 
     def _append(self, turn: _Turn, audio: np.ndarray) -> None:
         while len(audio):
