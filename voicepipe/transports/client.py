@@ -6,9 +6,10 @@ between utterances, like a phone line), plays the agent's audio on a local clock
 audio before them has played (and at once on a clear, as the providers do), records the agent's audio, and
 measures per turn what a caller would: caller speech start/end, first agent audio, clears.
 
-Turn taking: each utterance is spoken once the agent has gone quiet (its reply has played out); with
-`barge_in_after_ms` the utterances after the first start that long after the agent's reply began, so
-they interrupt it.
+Turn taking: each utterance is spoken once the agent has gone quiet (its reply has played out) and, with
+`sync_with_server` (the default), once the server says the agent listens again (`GET /calls/{id}`), since
+a slow clause on a busy machine can leave a pause inside a reply; with `barge_in_after_ms` the utterances
+after the first start that long after the agent's reply began, so they interrupt it.
 """
 
 from __future__ import annotations
@@ -660,6 +661,7 @@ async def run_call(
     record_path: Path | None = None,
     fetch_record: bool = True,
     record_url: str | None = None,
+    sync_with_server: bool = True,
 ) -> CallResult:
     """One call over `transport` at `url` (e.g. ws://127.0.0.1:8000/ws/twilio); see the module docstring."""
     from websockets.asyncio.client import connect
@@ -679,11 +681,16 @@ async def run_call(
         caller = _Caller(ws, wire, result)
         await caller.send(wire.start())
         tasks = [asyncio.create_task(caller.receiver()), asyncio.create_task(caller.sender())]
+        server = None
+        if sync_with_server and (transport != "audiosocket" or record_url):
+            server = _ServerState(http_base(record_url or url), call_id, token)
         try:
-            await _converse(caller, utterances, greeting_wait_s, reply_timeout_s, quiet_s, barge_in_after_ms)
+            await _converse(caller, utterances, greeting_wait_s, reply_timeout_s, quiet_s, barge_in_after_ms, server)
             if not caller.closed.is_set():
                 await caller.send(wire.stop())
         finally:
+            if server is not None:
+                await server.close()
             caller.closed.set()
             for task in tasks:
                 task.cancel()
@@ -701,8 +708,39 @@ async def run_call(
     return result
 
 
+class _ServerState:
+    """Asks the server (`GET /calls/{id}`) whether the agent is listening: a test caller's way to take turns
+    exactly, where a human would wait for a pause (a slow clause can leave a gap in the agent's speech)."""
+
+    def __init__(self, base: str, call_id: str, token: str | None) -> None:
+        import httpx
+
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.AsyncClient(base_url=base, headers=headers, timeout=5)
+        self.call_id = call_id
+
+    async def state(self) -> str | None:
+        import httpx
+
+        try:
+            resp = await self.client.get(f"/calls/{self.call_id}")
+        except httpx.TransportError:
+            return None
+        return resp.json().get("state") if resp.status_code == 200 else None
+
+    async def wait_listening(self, timeout: float, caller: _Caller) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not caller.closed.is_set():
+            if await self.state() in ("listening", "ended"):
+                return
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
 async def _converse(caller: _Caller, utterances: list[Utterance], greeting_wait_s: float, reply_timeout_s: float,
-                    quiet_s: float, barge_in_after_ms: float | None) -> None:
+                    quiet_s: float, barge_in_after_ms: float | None, server: _ServerState | None = None) -> None:
     # The greeting (if any): wait for it to start and play out, or for a quiet spell without one.
     deadline = time.monotonic() + greeting_wait_s
     t0 = time.monotonic()
@@ -710,9 +748,14 @@ async def _converse(caller: _Caller, utterances: list[Utterance], greeting_wait_
         started = caller.last_audio_rx > 0
         if started and caller.agent_quiet(quiet_s):
             break
-        if not started and time.monotonic() - t0 > min(greeting_wait_s, 3.0):
+        if not started and time.monotonic() - t0 > min(greeting_wait_s, 3.0) and server is None:
             break
+        if not started and server is not None and time.monotonic() - t0 > 1.0 \
+                and await server.state() == "listening":
+            break  # no greeting
         await asyncio.sleep(0.02)
+    if server is not None:
+        await server.wait_listening(greeting_wait_s, caller)
     for i, utt in enumerate(utterances):
         if caller.closed.is_set():
             return
@@ -734,6 +777,8 @@ async def _converse(caller: _Caller, utterances: list[Utterance], greeting_wait_
             continue
         while not caller.agent_quiet(quiet_s) and time.monotonic() < deadline and not caller.closed.is_set():
             await asyncio.sleep(0.02)
+        if server is not None and i + 1 < len(utterances):
+            await server.wait_listening(max(1.0, deadline - time.monotonic()), caller)
 
 
 async def fetch_call_record(url: str, call_id: str, token: str | None = None, wait_s: float = 10.0) -> dict | None:

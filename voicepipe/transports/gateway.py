@@ -64,10 +64,12 @@ def create_call_router(app: FastAPI) -> APIRouter:
     @router.get("/calls/{call_id}")
     async def get_call(call_id: str, request: Request) -> dict:
         _check_http_token(request)
-        record = request.app.state.calls.get(call_id)
+        calls = request.app.state.calls
+        record = calls.get(call_id)
         if record is None:
             raise HTTPException(404, f"no call {call_id!r}")
-        return record.as_dict()
+        live = calls.active.get(call_id)
+        return {**record.as_dict(), "state": live.state.value if live is not None else "ended"}
 
     return router
 
