@@ -121,3 +121,21 @@ def test_word_boundaries_match_the_audio(synthesizer: Synthesizer, transcriber: 
     for index, before in [(6, "my"), (10, "blue")]:  # cut where "order" and "bicycle" start
         head = transcriber.transcribe(audio[: words[index].sample_start]).text
         assert normalize_words(head)[-1:] == [before], (words[index].text, head)
+
+
+def test_a_slow_reader_holds_synthesis_back_without_losing_audio(synthesizer: Synthesizer) -> None:
+    from voicepipe.config import TTSSettings
+
+    small = Synthesizer(synthesizer.voice, TTSSettings(max_queued_s=0.5))  # same voice, its own worker
+    try:
+        stream = small.open_stream(16000)
+        stream.say("One two three four five. Six seven eight nine ten. Eleven twelve thirteen fourteen.")
+        time.sleep(3.0)  # nobody reads: the worker stops once half a second of audio waits
+        held = stream.queued_frames
+        assert stream.max_frames <= held < stream.max_frames + 150  # at most one clause beyond the bound
+        assert not stream.done
+        frames = list(stream.frames(timeout=30))
+        assert frames[-1].last and len(stream.cursor.origins) == 3
+        assert len(frames) * 320 >= stream.cursor.total_samples - 320  # nothing was dropped
+    finally:
+        small.close()

@@ -28,7 +28,6 @@ from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
 
 log = logging.getLogger(__name__)
 
-_BEHIND = 1 << 30  # queue priority offset for a stream whose reader is behind
 
 
 @dataclass(frozen=True)
@@ -138,16 +137,14 @@ class Synthesizer:
                 _, _, stream, chunk = heapq.heappop(self._jobs)
             if stream.cancelled or stream.error is not None:
                 continue
-            full = chunk is not None and stream.queued_frames >= stream.max_frames
-            if full or not stream._ready_for(chunk):
-                # Back-pressure (max_queued_s unread) or an earlier clause of this stream is still queued:
-                # put it back without holding up the other streams (a full stream goes behind all of them).
-                with self._cond:
-                    priority = stream._next_index + (_BEHIND if full else 0)
-                    heapq.heappush(self._jobs, (priority, next(self._seq), stream, chunk))
-                    if full:
-                        self._cond.wait(0.02)
-                continue
+            with self._cond:
+                full = chunk is not None and stream.queued_frames >= stream.max_frames
+                if full or not stream._ready_for(chunk):
+                    # Back-pressure (max_queued_s unread) or an earlier clause of this stream still queued:
+                    # park the job with its stream, without holding up the other streams. The stream's
+                    # next delivery or its reader's next read puts it back.
+                    stream._parked.append((chunk.index if chunk is not None else stream._clauses_submitted, chunk))
+                    continue
             try:
                 if chunk is None:
                     stream._finish()
@@ -157,6 +154,16 @@ class Synthesizer:
             except Exception as exc:  # one bad clause must not stop speech for every call
                 log.exception("TTS synthesis failed")
                 stream._fail(exc)
+            self._unpark(stream)
+
+    def _unpark(self, stream: SpeechStream) -> None:
+        with self._cond:
+            if not stream._parked:
+                return
+            for priority, chunk in stream._parked:
+                heapq.heappush(self._jobs, (priority, next(self._seq), stream, chunk))
+            stream._parked.clear()
+            self._cond.notify()
 
 
 class SpeechStream:
@@ -185,6 +192,7 @@ class SpeechStream:
         self.cancelled = False
         self.error: Exception | None = None
         self._origin: SpeechOrigin | None = None
+        self._parked: list[tuple[int, TextChunk | None]] = []  # jobs waiting for room or for their turn
         self.max_frames = max(1, round(s.max_queued_s * 1000 / s.frame_ms))
         self.first_audio_at: float | None = None
         self.created_at = time.perf_counter()
@@ -240,7 +248,9 @@ class SpeechStream:
                 return None
             frame = self._frames.popleft()
             self._cond.notify_all()
-            return frame
+        if self._parked and len(self._frames) < self.max_frames:
+            self.synth._unpark(self)
+        return frame
 
     def frames(self, timeout: float | None = 30.0):
         """Iterate over frames until the stream ends (or a read times out)."""
