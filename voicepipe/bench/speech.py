@@ -39,7 +39,7 @@ STT_SENTENCES = [
     "Could you move my dentist appointment from Tuesday morning to Thursday afternoon next week please.",
 ]
 TTS_SENTENCE = "Your table for four people is booked for seven thirty tomorrow evening downtown."  # 12 words
-TTS_SENTENCE_WITH_COMMA = "Sure thing, your table for four is booked for seven thirty tomorrow evening."
+TTS_SENTENCE_WITH_COMMA = "Your table for four is booked, see you at seven thirty tonight."  # 12 words
 
 
 def _stats(values: list[float]) -> dict[str, float]:
