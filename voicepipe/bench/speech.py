@@ -38,7 +38,7 @@ STT_SENTENCES = [
     "The train to the airport leaves from platform three in about ten minutes from now.",
     "Could you move my dentist appointment from Tuesday morning to Thursday afternoon next week please.",
 ]
-TTS_SENTENCE = "Your table for four people is booked for seven thirty tomorrow evening downtown."  # 12 words
+TTS_SENTENCE = "Your table for four people is booked for seven thirty tomorrow evening."  # 12 words
 TTS_SENTENCE_WITH_COMMA = "Your table for four is booked, see you at seven thirty tonight."  # 12 words
 
 
