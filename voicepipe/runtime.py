@@ -32,7 +32,7 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return all(part is not None for part in (self.llm, self.stt, self.tts, self.vad))
+        return all(part is not None for part in (self.vad, self.transcriber, self.synthesizer, self.engine))
 
     def load(self) -> None:
         """Load all models (blocking: call it from a worker thread in the server)."""

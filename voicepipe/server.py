@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from voicepipe import __version__
 from voicepipe.config import Settings
+from voicepipe.llm.api import create_openai_router
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
 
@@ -29,11 +30,13 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
         yield
         if loading is not None and not loading.done():
             await asyncio.wait([loading])  # the thread cannot be interrupted; let it finish cleanly
+        await asyncio.to_thread(runtime.close)
 
     app = FastAPI(title="voicepipe", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
     app.include_router(create_call_router(app))
+    app.include_router(create_openai_router(app))
 
     @app.get("/health")
     async def health() -> dict:

@@ -17,6 +17,11 @@ from voicepipe.llm.errors import InvalidRequestError
 
 _ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 _COMPACT = {"whitespace_flexible": False}
+# Near the end of the token budget the constraint steers towards the shortest way to finish the JSON
+# value: it takes the first of these that the grammar allows (closing a string or container, a
+# separator, the shortest values), and leaves the choice to the model only when none is allowed.
+_CLOSERS = ['"}', '"]', '"', "}", "]", ":", "0", "null"]
+_CLOSING_RESERVE = 24  # tokens kept for closing: enough for a few nesting levels and one key
 
 
 class GrammarTokenizer:
@@ -27,6 +32,7 @@ class GrammarTokenizer:
     def __init__(self, hf_tokenizer) -> None:
         self._hf_tokenizer = hf_tokenizer
         self._ll_tokenizer = None
+        self.closer_ids: list[int] = []
 
     def get(self):
         with self._lock:
@@ -34,13 +40,17 @@ class GrammarTokenizer:
                 import llguidance.hf
 
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer)
+                vocab = self._hf_tokenizer.get_vocab()
+                by_text = {self._hf_tokenizer.convert_tokens_to_string([tok]): i for tok, i in vocab.items()}
+                self.closer_ids = [by_text[text] for text in _CLOSERS if text in by_text]
             return self._ll_tokenizer
 
 
 class JsonConstraint:
     """Allows only tokens that keep the output a prefix of a JSON value matching ``schema``."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, schema: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: GrammarTokenizer, schema: dict[str, Any] | None = None,
+                 max_tokens: int | None = None) -> None:
         from llguidance import LLMatcher
 
         try:
@@ -50,6 +60,10 @@ class JsonConstraint:
         self._matcher = LLMatcher(tokenizer.get(), grammar, log_level=0)
         if self._matcher.is_error():
             raise InvalidRequestError(f"unsupported JSON schema: {self._matcher.get_error()}")
+        self._closer_ids = tokenizer.closer_ids
+        reserve = min(_CLOSING_RESERVE, max_tokens // 2) if max_tokens else 0
+        self._closing_after = None if max_tokens is None else max_tokens - reserve
+        self._consumed = 0
 
     def allowed(self, vocab_size: int) -> torch.Tensor:
         """A bool mask over the vocabulary of the tokens allowed next."""
@@ -57,10 +71,16 @@ class JsonConstraint:
         bits = np.unpackbits(packed, bitorder="little")[:vocab_size]
         mask = np.zeros(vocab_size, dtype=bool)
         mask[: len(bits)] = bits.astype(bool)
+        if self._closing_after is not None and self._consumed >= self._closing_after:
+            closer = next((t for t in self._closer_ids if t < vocab_size and mask[t]), None)
+            if closer is not None:
+                mask[:] = False
+                mask[closer] = True
         return torch.from_numpy(mask)
 
     def accept(self, token_id: int) -> None:
         self._matcher.consume_token(token_id)
+        self._consumed += 1
 
     @property
     def finished(self) -> bool:
@@ -68,12 +88,13 @@ class JsonConstraint:
         return self._matcher.is_stopped()
 
 
-def constraint_for(response_format: dict[str, Any] | None, tokenizer: GrammarTokenizer) -> JsonConstraint | None:
-    """The constraint for an OpenAI ``response_format`` (None for plain text)."""
+def constraint_for(response_format: dict[str, Any] | None, tokenizer: GrammarTokenizer,
+                   max_tokens: int | None = None) -> JsonConstraint | None:
+    """The constraint for an OpenAI ``response_format`` (None for plain text), finishing within ``max_tokens``."""
     if not response_format or response_format.get("type") in (None, "text"):
         return None
     if response_format["type"] == "json_object":
-        return JsonConstraint(tokenizer)
+        return JsonConstraint(tokenizer, max_tokens=max_tokens)
     if response_format["type"] == "json_schema":
-        return JsonConstraint(tokenizer, response_format.get("schema") or _ANY_JSON_OBJECT)
+        return JsonConstraint(tokenizer, response_format.get("schema") or _ANY_JSON_OBJECT, max_tokens)
     raise InvalidRequestError(f"unknown response_format type {response_format['type']!r}")

@@ -19,3 +19,12 @@ def load_causal_lm(path: Path, device: str, dtype_name: str):
         raise ModelError(f"could not load the LLM from {path}: {exc}",
                          "point models.llm at a transformers checkpoint directory.") from None
     return model.to(device).eval(), tokenizer
+
+
+def load_default_llm(settings):
+    """The configured LLM on the configured device, as ``(model, tokenizer)``."""
+    from voicepipe.devices import llm_dtype_name, resolve_device
+    from voicepipe.models import resolve_model
+
+    path = resolve_model(settings.models.llm, "llm", settings.paths.models_dir)
+    return load_causal_lm(path, resolve_device(settings.device), llm_dtype_name(settings.device))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -22,6 +23,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # added to the model's own end-of-turn ids
     stop: list[str] = field(default_factory=list)  # stop strings (the reply ends with the first one)
     ignore_eos: bool = False  # for benchmarks: run to max_tokens
+    constraint: Any = None  # e.g. a JsonConstraint: masks the logits, then is told the token picked
 
     def validate(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
@@ -53,11 +55,19 @@ def make_generator(params: SamplingParams, device: str | torch.device) -> torch.
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
     """One token per row of ``logits`` ([n, vocab]); rows with greedy params take the argmax."""
+    constrained = [row for row, p in enumerate(params) if p.constraint is not None]
+    if constrained:
+        logits = logits.clone()  # the model's output is an inference tensor; mask a copy
+    for row in constrained:
+        allowed = params[row].constraint.allowed(logits.shape[-1]).to(logits.device)
+        logits[row].masked_fill_(~allowed, float("-inf"))
     out = logits.argmax(dim=-1).tolist()
     for row, p in enumerate(params):
         if p.greedy:
             continue
         out[row] = _sample_row(logits[row].float(), p, generators[row])
+    for row in constrained:
+        params[row].constraint.accept(out[row])
     return out
 
 

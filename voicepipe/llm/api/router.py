@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from voicepipe.llm.api.errors import APIError, api_error_handler, bad_request, overloaded, validation_error_handler
 from voicepipe.llm.api.schemas import ChatCompletionRequest, CompletionRequest
-from voicepipe.llm.constraints import constraint_for
+from voicepipe.llm.constraints import GrammarTokenizer, constraint_for
 from voicepipe.llm.errors import (
     ContextOverflowError,
     EngineStoppedError,
@@ -80,15 +80,22 @@ def _tier(requested: str | None) -> str:
     return "default" if requested in (None, "auto") else requested
 
 
-def _sampling(body, engine, response_format: dict | None = None) -> SamplingParams:
-    limit = body.token_limit() if isinstance(body, ChatCompletionRequest) else body.max_tokens
+def _grammar_tokenizer(request: Request, engine) -> GrammarTokenizer:
+    state = request.app.state
+    if getattr(state, "grammar_tokenizer", None) is None:
+        state.grammar_tokenizer = GrammarTokenizer(engine.tokenizer)
+    return state.grammar_tokenizer
+
+
+def _sampling(body, grammar: GrammarTokenizer | None, response_format: dict | None = None) -> SamplingParams:
+    limit = (body.token_limit() if isinstance(body, ChatCompletionRequest) else body.max_tokens) or DEFAULT_MAX_TOKENS
     return SamplingParams(
-        max_tokens=limit or DEFAULT_MAX_TOKENS,
+        max_tokens=limit,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop=body.stop_list(),
-        constraint=constraint_for(response_format, engine.grammar_tokenizer),
+        constraint=constraint_for(response_format, grammar, limit) if response_format else None,
     )
 
 
@@ -101,14 +108,14 @@ async def _chat_completions(body: ChatCompletionRequest, request: Request):
         response_format = body.response_format.model_dump(by_alias=True)
         if body.response_format.json_schema is not None:
             response_format["schema"] = body.response_format.json_schema.schema_
-    params = _with_errors(lambda: _sampling(body, engine, response_format))
+    params = _with_errors(lambda: _sampling(body, _grammar_tokenizer(request, engine), response_format))
     return await _respond(engine, messages, params, body, model, chat=True)
 
 
 async def _completions(body: CompletionRequest, request: Request):
     engine = _engine(request)
     model = _check_model(request, body.model)
-    params = _with_errors(lambda: _sampling(body, engine))
+    params = _with_errors(lambda: _sampling(body, None))
     return await _respond(engine, body.prompt_text(), params, body, model, chat=False)
 
 
