@@ -135,8 +135,8 @@ def test_four_simultaneous_calls(server, voice_dir: Path) -> None:
                                                                              "london")]),
              ("vonage", [("What is the capital of France?", "france"), ("How do I reset my password?",
                                                                         "password")]),
-             ("native", [("Can you recommend a good movie?", "movie"), ("I would like to order a pizza.", "pizza")]),
-             ("vonage", [("Can you play some music?", "music"), ("Can you play some music?", "music")])]
+             ("native", [("My computer will not turn on.", "computer"), ("Please send me the invoice.", "invoice")]),
+             ("vonage", [("Where is the nearest hospital?", "hospital"), ("I lost my credit card.", "credit")])]
 
     async def all_calls():
         return await asyncio.gather(*[

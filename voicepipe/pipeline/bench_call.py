@@ -28,13 +28,13 @@ SENTENCES = [
     "I want to book a table for dinner.",
     "Tell me about the weather in London.",
     "What is the capital of France?",
-    "Can you recommend a good movie?",
-    "I would like to order a pizza.",
+    "My computer will not turn on.",
+    "Please send me the invoice.",
     "How do I reset my password?",
-    "Can you play some music?",
-    "What time do you open tomorrow?",
-    "Do you have any vegetarian dishes?",
-    "Thank you, that is very helpful.",
+    "Where is the nearest hospital?",
+    "I lost my credit card.",
+    "Is the museum open on Sunday?",
+    "I want to cancel my subscription.",
 ]
 
 
