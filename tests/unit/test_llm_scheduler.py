@@ -99,11 +99,12 @@ def test_idle_sessions_unpinned_before_running_preempted():
     run_step(sched)
     newcomer = make_request(4, "priority", max_tokens=20, base=900)
     sched.add(newcomer)
-    plan = run_step(sched)
+    # two steps: the newcomer's prefill (the flex decode sits it out), then both decode
+    plans = [run_step(sched), run_step(sched)]
     # memory ran short: the idle session went first, nobody running was preempted
-    assert idle_req.session in plan.unpinned
+    assert idle_req.session in [s for p in plans for s in p.unpinned]
     assert idle_req.session.block_table == [] and idle_req.session.num_cached == 0
-    assert plan.preempted == [] and running.state is State.RUNNING
+    assert [r for p in plans for r in p.preempted] == [] and running.state is State.RUNNING
     assert newcomer.state is State.RUNNING
 
     # keep decoding until the pool is exhausted again: now the lowest tier is preempted
@@ -159,3 +160,20 @@ def test_expired_lists_only_never_admitted_requests():
     assert sched.expired(now=100.0, timeout_s=30.0) == [r]
     run_step(sched)
     assert sched.expired(now=100.0, timeout_s=30.0) == []
+
+
+def test_priority_prefill_step_defers_lower_tier_decodes_once():
+    sched = Scheduler(BlockManager(256, BS), max_tokens_per_step=64, max_running=8)
+    flex = [make_request(3, "flex", max_tokens=100, base=100 * i) for i in range(4)]
+    for r in flex:
+        sched.add(r)
+    run_step(sched)  # prefill the flex prompts; from now on they decode
+    assert {it.request for it in run_step(sched).items} == set(flex)
+
+    voice = make_request(30, "priority", max_tokens=5, base=9000)
+    sched.add(voice)
+    first = run_step(sched)
+    assert [it.request for it in first.items] == [voice]  # the voice prompt runs alone
+    second = run_step(sched)
+    assert set(flex) <= {it.request for it in second.items}  # never two steps in a row: flex decodes again
+    assert voice in {it.request for it in second.items}  # and the voice reply decodes beside them

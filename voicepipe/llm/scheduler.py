@@ -55,6 +55,7 @@ class Scheduler:
         self.step_no = 0
         self.preemptions = 0
         self.unpins = 0
+        self._deferred_last_step = False  # lower-tier decodes sat out the last step (see schedule())
 
     # -- queue ----------------------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -125,9 +126,18 @@ class Scheduler:
         budget = self.max_tokens_per_step
         scheduled: set[int] = set()
 
-        # 1. decodes
+        # 1. decodes. While a higher tier's prompt waits for prefill, lower tiers' decodes sit the step out, so
+        # a voice turn's first token does not wait behind a batch of background decodes; never two steps in a
+        # row, so the lower tiers keep at least half their pace under any load.
         decodes = sorted((r for r in self.running if r.session.pending == 1 and r.admitted),
                          key=lambda r: (r.rank, r.seq))
+        prefill_ranks = [r.rank for r in self.waiting] + [r.rank for r in self.running if r.session.pending > 1]
+        best_prefill = min(prefill_ranks, default=None)
+        deferring = (best_prefill is not None and not self._deferred_last_step
+                     and any(r.rank > best_prefill for r in decodes))
+        deferred = {r.id for r in decodes if r.rank > best_prefill} if deferring else set()
+        decodes = [r for r in decodes if r.id not in deferred]
+        self._deferred_last_step = deferring
         for req in decodes:
             if budget <= 0:
                 break
@@ -144,7 +154,7 @@ class Scheduler:
             budget -= 1
 
         # 2. prefill chunks: mid-prefill running requests, then the waiting queue
-        mid = sorted((r for r in self.running if r.id not in scheduled and r.session.pending > 0),
+        mid = sorted((r for r in self.running if r.id not in scheduled | deferred and r.session.pending > 0),
                      key=lambda r: (r.rank, r.seq))
         queue = sorted(self.waiting, key=self._wait_key)
         for req in mid + queue:
