@@ -129,6 +129,10 @@ async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token:
         "per_turn": [{"turn": k, **{f"{name}_ms_p50": stats(v)["p50"] for name, v in row.items()}}
                      for k, row in sorted(per_turn.items())],
         "turns_without_reply": sum(1 for r in results for t in r.turns if t.first_audio is None),
+        "turn_problems": [{"call": r.call_id, "turn": t.get("turn"), "user_text": t.get("user_text"),
+                           "error": t.get("error"), "interrupted": t.get("interrupted")}
+                          for r in results for t in (r.record or {}).get("turns", [])
+                          if t.get("error") or t.get("interrupted") or not (t.get("user_text") or "").strip()],
     }
 
 
@@ -143,9 +147,20 @@ def run_call_bench(settings, calls: list[int], turns: int = 30, url: str | None 
                 for n in calls:
                     progress(f"{n} concurrent call(s) of {turns} turns")
                     runs.append(asyncio.run(bench_run(base, n, utterances, token)))
+                    progress(_one_line(runs[-1]))
         else:
             base = url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/")
             for n in calls:
                 progress(f"{n} concurrent call(s) of {turns} turns")
                 runs.append(asyncio.run(bench_run(base, n, utterances, token)))
+                progress(_one_line(runs[-1]))
     return {"transport": "twilio", "turns": turns, "runs": runs}
+
+
+def _one_line(run: dict[str, Any]) -> str:
+    v, r, t = run["voice_to_voice_ms"], run["response_ms"], run["ttft_ms"]
+    ratio = next((value for key, value in run.items()
+                  if key.startswith("ttft_turn") and key.endswith("_over_turn2") and value is not None), None)
+    return (f"calls={run['calls']}: voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, response p50/p95 "
+            f"{r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio}, "
+            f"turns without reply {run['turns_without_reply']}")
