@@ -46,35 +46,9 @@ def running_server(*extra_args: str, ready_timeout: float = 180) -> Iterator[str
         proc.wait(timeout=30)
 
 
-@contextmanager
-def in_process_server(settings, ready_timeout: float = 180) -> Iterator[tuple[str, object]]:
+
+def in_process_server(settings, ready_timeout: float = 180):
     """The real app under uvicorn in a background thread of this process, so tests can look inside it."""
-    import threading
+    from voicepipe.server import serve_in_thread
 
-    import uvicorn
-
-    from voicepipe.server import create_app
-
-    app = create_app(settings)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if app.state.runtime.load_error:
-                raise RuntimeError(app.state.runtime.load_error)
-            time.sleep(0.2)
-        else:
-            raise TimeoutError("server never became ready")
-        yield base, app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    return serve_in_thread(settings, ready_timeout)

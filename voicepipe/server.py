@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -59,3 +60,41 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
 def _log_load_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("model loading failed: %s", task.exception())
+
+
+@contextmanager
+def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[tuple[str, FastAPI]]:
+    """The app under uvicorn in a background thread on a free loopback port; yields ``(base_url, app)`` once
+    /ready is true. For benchmarks, replays and tests that drive a real server and look inside it."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    app = create_app(settings)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if app.state.runtime.load_error:
+                raise RuntimeError(f"the server could not load its models: {app.state.runtime.load_error}")
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise TimeoutError("the server never became ready")
+        yield base, app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -13,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from voicepipe.server import serve_in_thread
 from voicepipe.transports.client import Utterance, read_wav, run_call, utterance
 
 SENTENCES = [
@@ -58,40 +57,6 @@ def make_utterances(turns: int, directory: Path) -> list[Utterance]:
             cache[text] = utterance(audio, rate)
         out.append(cache[text])
     return out
-
-
-@contextmanager
-def in_process_server(settings, ready_timeout: float = 300):
-    """The app under uvicorn in a thread on a free loopback port; yields its base http URL once ready."""
-    import socket
-
-    import httpx
-    import uvicorn
-
-    from voicepipe.server import create_app
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        else:
-            raise TimeoutError("the server never became ready")
-        yield base
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None) -> dict[str, Any]:
@@ -143,7 +108,7 @@ def run_call_bench(settings, calls: list[int], turns: int = 30, url: str | None 
         runs = []
         if url is None:
             progress("starting an in-process server (models load first)")
-            with in_process_server(settings) as base:
+            with serve_in_thread(settings) as (base, _app):
                 for n in calls:
                     progress(f"{n} concurrent call(s) of {turns} turns")
                     runs.append(asyncio.run(bench_run(base, n, utterances, token)))
