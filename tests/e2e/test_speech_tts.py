@@ -112,15 +112,16 @@ def test_playout_cursor_midpoint_maps_to_a_middle_word(synthesizer: Synthesizer)
 
 
 def test_word_boundaries_match_the_audio(synthesizer: Synthesizer, transcriber: Transcriber) -> None:
-    """The audio before a word's start sample, transcribed, ends with the word before it."""
+    """Cut at a word's start sample, the audio holds the word before it and not the word itself. (Whisper may
+    render the sliver of the next word's onset as a short word, so the previous word is one of the last two.)"""
     text = "I would like to cancel my order for the blue bicycle today."
     stream = synthesizer.open_stream(16000)
     stream.say(text)
     audio = int16_to_float32(collect(stream))
     words = stream.cursor.origins[0].words
     for index, before in [(6, "my"), (10, "blue")]:  # cut where "order" and "bicycle" start
-        head = transcriber.transcribe(audio[: words[index].sample_start]).text
-        assert normalize_words(head)[-1:] == [before], (words[index].text, head)
+        head = normalize_words(transcriber.transcribe(audio[: words[index].sample_start]).text)
+        assert before in head[-2:] and words[index].text.lower() not in head, (words[index].text, head)
 
 
 def test_a_slow_reader_holds_synthesis_back_without_losing_audio(synthesizer: Synthesizer) -> None:
