@@ -6,11 +6,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
+from voicepipe.server import wait_until_ready
 
 
 def free_port() -> int:
@@ -28,18 +27,10 @@ def running_server(*extra_args: str, ready_timeout: float = 180) -> Iterator[str
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{proc.stdout.read()}")
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise TimeoutError("server never became ready")
+        def failure() -> str | None:
+            return f"server exited early:\n{proc.stdout.read()}" if proc.poll() is not None else None
+
+        wait_until_ready(base, ready_timeout, failure)
         yield base
     finally:
         proc.terminate()

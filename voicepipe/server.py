@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from fastapi import FastAPI
@@ -68,9 +68,7 @@ def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[
     /ready is true. For benchmarks, replays and tests that drive a real server and look inside it."""
     import socket
     import threading
-    import time
 
-    import httpx
     import uvicorn
 
     app = create_app(settings)
@@ -82,19 +80,32 @@ def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if app.state.runtime.load_error:
-                raise RuntimeError(f"the server could not load its models: {app.state.runtime.load_error}")
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise TimeoutError("the server never became ready")
+        def failure() -> str | None:
+            error = app.state.runtime.load_error
+            return f"the server could not load its models: {error}" if error else None
+
+        wait_until_ready(base, ready_timeout, failure)
         yield base, app
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def wait_until_ready(base: str, timeout: float, failure: Callable[[], str | None]) -> None:
+    """Poll ``base``/ready until it answers 200; raise when ``failure()`` names a reason or time runs out."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reason = failure()
+        if reason:
+            raise RuntimeError(reason)
+        try:
+            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("the server never became ready")
