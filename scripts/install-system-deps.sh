@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: espeak-ng and sox make test speech. Installs only what is missing.
+# Debian packages the test suite needs: espeak-ng and sox make test speech; chromium runs the browser tests.
+# Installs only what is missing.
 set -euo pipefail
 needed=()
 command -v espeak-ng >/dev/null || needed+=(espeak-ng)
 command -v sox >/dev/null || needed+=(sox)
+command -v chromium >/dev/null || needed+=(chromium)
 [ ${#needed[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
   echo "error: missing ${needed[*]}; install them with your package manager (apt-get install ${needed[*]})." >&2
