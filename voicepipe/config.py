@@ -137,6 +137,17 @@ class CallSettings(Section):
     audiosocket_port: int | None = Field(None, ge=0, le=65535)  # Asterisk AudioSocket TCP listener (None: off)
 
 
+class ObservabilitySettings(Section):
+    """The call store, the Prometheus metrics and call recordings."""
+
+    store: bool = True  # keep calls and turns in SQLite (paths.data_dir / "calls.sqlite3")
+    retention_days: float = Field(30.0, gt=0.0)  # calls older than this are deleted
+    flush_interval_s: float = Field(0.5, gt=0.0, le=1.0)  # store writes are batched; a crash loses at most this
+    metrics: bool = True  # Prometheus /metrics
+    record_calls: bool = False  # stereo WAV + events JSONL under paths.recordings_dir; a call's "record"
+    # parameter switches it per call
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -154,6 +165,7 @@ class Settings(BaseSettings):
     tts: TTSSettings = Field(default_factory=TTSSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     calls: CallSettings = Field(default_factory=CallSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
 
     @classmethod
     def settings_customise_sources(

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from voicepipe import __version__
 from voicepipe.config import Settings
 from voicepipe.llm.api import create_openai_router
+from voicepipe.observability.hooks import Observers
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
 
@@ -36,6 +37,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     app = FastAPI(title="voicepipe", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
+    app.state.observers = Observers()  # the call store, metrics and recorder register here
     app.include_router(create_call_router(app))
     app.include_router(create_openai_router(app))
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from voicepipe.audio import StreamResampler
 from voicepipe.config import CallSettings, Settings
+from voicepipe.observability.hooks import Observers
 from voicepipe.pipeline.resources import CallResources
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ class TurnRecord:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     output_tokens: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)  # derived figures (observability/hooks.py)
+    timeline: dict[str, float] = field(default_factory=dict)  # event -> seconds since the call started
     error: str | None = None
 
 
@@ -89,8 +91,11 @@ class CallRecord:
     call_id: str
     transport: str
     started: float = field(default_factory=time.time)
+    started_mono: float = field(default_factory=time.monotonic)  # the zero of every timeline
     ended: float | None = None
     end_reason: str | None = None
+    outcome: str | None = None  # "completed", "dropped" (the client vanished), "idle_timeout", "error"
+    metadata: dict[str, Any] = field(default_factory=dict)  # what the caller's start message carried
     system_prompt: str = ""
     greeting: str | None = None
     greeting_heard: str | None = None
@@ -127,8 +132,9 @@ class CallSession:
 
     def __init__(self, resources: CallResources, settings: Settings, output: AgentOutput, *,
                  input_rate: int, transport: str = "native", call_id: str | None = None,
-                 parameters: dict[str, Any] | None = None) -> None:
+                 parameters: dict[str, Any] | None = None, observers: Observers | None = None) -> None:
         self.res = resources
+        self.observers = observers or Observers()
         self.settings = settings
         self.cfg: CallSettings = settings.calls
         self.output = output
@@ -142,7 +148,8 @@ class CallSession:
                 greeting = params["greeting"]
         self.system_prompt = prompt
         self.greeting = greeting or None
-        self.record = CallRecord(self.call_id, transport, system_prompt=prompt, greeting=self.greeting)
+        self.record = CallRecord(self.call_id, transport, system_prompt=prompt, greeting=self.greeting,
+                                 metadata={k: v for k, v in params.items() if k not in ("system_prompt", "greeting")})
         self.state = CallState.LISTENING
         self.input_rate = input_rate
         self._resampler = StreamResampler(input_rate, PIPELINE_RATE) if input_rate != PIPELINE_RATE else None
@@ -175,6 +182,7 @@ class CallSession:
         self.detector = self._make_detector()
         self.stt = self.res.transcriber.open_stream(PIPELINE_RATE, on_partial=self._on_partial)
         self._watchdog = asyncio.create_task(self._watch_idle(), name=f"idle-{self.call_id}")
+        self.observers.call_started(self.record)
         if self.greeting:
             self._pending_assistant = self.greeting
             self.state = CallState.SPEAKING
@@ -215,7 +223,9 @@ class CallSession:
             self.state = CallState.ENDED
             self.record.ended = time.time()
             self.record.end_reason = reason
+            self.record.outcome = call_outcome(reason, self.record.error)
             self.ended.set()
+            self.observers.call_ended(self.record)
             log.info("call %s ended (%s) after %d turns", self.call_id, reason, self._turns)
 
     # -- caller audio -----------------------------------------------------------------------------
@@ -499,6 +509,17 @@ class CallSession:
                 self.end_reason = "idle_timeout"
                 self.ended.set()
                 return
+
+
+def call_outcome(end_reason: str, error: str | None = None) -> str:
+    """What the call store records of how a call ended."""
+    if error:
+        return "error"
+    if end_reason == "idle_timeout":
+        return "idle_timeout"
+    if end_reason == "disconnected":  # the socket went away without the provider's stop message
+        return "dropped"
+    return "completed"
 
 
 def _played_samples(heard: list[Any], turn: int) -> int:

@@ -69,7 +69,7 @@ async def handle_audiosocket(app, reader: asyncio.StreamReader, writer: asyncio.
         await link.close()
         return
     conn = Connection(link, "audiosocket", make_serializer("audiosocket"), app.state.settings, resources,
-                      app.state.calls)
+                      app.state.calls, app.state.observers)
     try:
         await conn.run()
     except Exception:

@@ -22,6 +22,7 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException, Request, WebSocket
 from starlette.websockets import WebSocketState
 
+from voicepipe.observability.hooks import Observers
 from voicepipe.pipeline import CallRegistry, CallSession, call_resources
 from voicepipe.pipeline.resources import warm_up_in_background
 from voicepipe.transports.events import Mark, Media, Start, Stop, TransportError
@@ -133,7 +134,8 @@ async def serve_call(ws: WebSocket, transport: str) -> None:
         log.warning("%s: call refused: %s", transport, exc)
         await _close(ws, CLOSE_TRY_AGAIN, "not ready: models are loading")
         return
-    conn = Connection(ws, transport, make_serializer(transport), settings, resources, app.state.calls)
+    conn = Connection(ws, transport, make_serializer(transport), settings, resources, app.state.calls,
+                      app.state.observers)
     try:
         await conn.run()
     except Exception:  # a bug in one call must not take the process (or other calls) down
@@ -154,13 +156,15 @@ async def _close(ws, code: int, reason: str) -> None:
 class Connection:
     """One WebSocket call: reads frames, runs the call, paces agent audio out, writes frames in order."""
 
-    def __init__(self, ws: WebSocket, transport: str, ser: Serializer, settings, resources, registry) -> None:
+    def __init__(self, ws: WebSocket, transport: str, ser: Serializer, settings, resources, registry,
+                 observers: Observers | None = None) -> None:
         self.ws = ws
         self.transport = transport
         self.ser = ser
         self.settings = settings
         self.resources = resources
         self.registry: CallRegistry = registry
+        self.observers = observers
         self.call: CallSession | None = None
         self.pb: PlaybackController | None = None
         self.sample_rate = 0  # outbound (agent audio) rate
@@ -250,7 +254,8 @@ class Connection:
         if self.transport == "telnyx" and "client_state" in params:
             params = {**_telnyx_client_state(params["client_state"]), **params}
         call = CallSession(self.resources, self.settings, self, input_rate=ser.sample_rate,
-                           transport=self.transport, call_id=start.call_id or start.stream_id, parameters=params)
+                           transport=self.transport, call_id=start.call_id or start.stream_id, parameters=params,
+                           observers=self.observers)
         if call.call_id in self.registry.active:
             call.call_id = call.record.call_id = f"{call.call_id}-{id(call):x}"
         self.call = call
