@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from voicepipe.config import Settings
+from voicepipe.observability.hooks import Observers
+from voicepipe.observability.timeline import EVENTS
 from voicepipe.pipeline import CallResources, CallSession, CallState
 from voicepipe.transports.playback import Heard
 from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
@@ -184,9 +186,12 @@ class FakeOutput:
         self.clears = 0
         self.events: list[tuple[str, dict]] = []
         self.ended_replies = 0
+        self.call = None
 
     def play(self, audio, origin) -> None:
         self.plays.append((origin, len(audio)))
+        if self.call is not None:  # a transport reports what it sends (here: all of it, at once)
+            self.call.agent_audio_sent(origin[0], audio, self.sample_rate)
 
     def end_of_reply(self) -> None:
         self.ended_replies += 1
@@ -211,6 +216,31 @@ class FakeOutput:
         self.events.append((kind, data))
 
 
+class RecordingObserver:
+    """Keeps every report a call makes to its observers."""
+
+    def __init__(self) -> None:
+        self.started, self.ended, self.turns, self.events, self.chunks = [], [], [], [], []
+
+    def call_started(self, call) -> None:
+        self.started.append(call.call_id)
+
+    def event(self, call, event) -> None:
+        self.events.append(event)
+
+    def audio(self, call, channel, samples, rate, t) -> None:
+        self.chunks.append((channel, len(samples), rate, t))
+
+    def turn_finished(self, call, turn) -> None:
+        self.turns.append(turn)
+
+    def call_ended(self, call) -> None:
+        self.ended.append((call.call_id, call.outcome))
+
+    def kinds(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+
 class Harness:
     def __init__(self, greeting: str | None = None, params: dict | None = None, texts: list[str] | None = None):
         settings = Settings()
@@ -223,7 +253,10 @@ class Harness:
         self.output = FakeOutput()
         self.detector = FakeDetector()
         res = CallResources(self.engine, None, transcriber, synth)
-        self.call = CallSession(res, settings, self.output, input_rate=RATE, parameters=params)
+        self.observer = RecordingObserver()
+        self.call = CallSession(res, settings, self.output, input_rate=RATE, parameters=params,
+                                observers=Observers([self.observer]))
+        self.output.call = self.call
         self.call._make_detector = lambda: self.detector
 
     def push(self, ms: float, *events: VADEvent) -> None:
@@ -436,5 +469,99 @@ def test_idle_timeout_ends_the_call_but_not_while_the_agent_talks() -> None:
         assert h.call.end_reason == "idle_timeout"
         await h.call.close(h.call.end_reason)
         assert h.call.record.end_reason == "idle_timeout" and h.engine.closed
+
+    run(main())
+
+
+def test_a_turn_reports_a_monotonic_timeline_and_its_figures_to_the_observers() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        # Caller audio at real-time pace: 20 ms chunks, 400 ms of speech, then the end of the turn.
+        h.push(20, h.ev("speech_start"))
+        for _ in range(21):
+            await asyncio.sleep(0.02)
+            h.push(20)
+        h.push(20, h.ev("speech_end"))
+        await asyncio.sleep(0.02)
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.playing = False
+        await h.settle(lambda: len(h.observer.turns) == 1)
+        turn = h.observer.turns[0]
+        assert turn is h.call.record.turns[0] and not turn.interrupted
+        timeline = turn.timeline
+        expected = [e for e in EVENTS if e not in ("first_partial", "prefill_start")]  # the fakes have neither
+        assert [e for e in EVENTS if e in timeline] == expected
+        times = [timeline[e] for e in expected]
+        assert times == sorted(times), timeline
+        assert 0.4 <= timeline["speech_end"] - timeline["speech_start"] <= 0.9  # 21 pushes 20 ms apart
+        for name in ("voice_to_voice", "response", "stt_final", "ttft", "tts_first_audio", "send_delay"):
+            assert turn.timings_ms[name] >= 0, name
+        assert turn.timings_ms["voice_to_voice"] >= turn.timings_ms["response"]
+        kinds = h.observer.kinds()
+        for kind in ("inbound", "vad", "stt_final", "llm_queued", "first_token", "agent_text", "agent_audio", "turn"):
+            assert kind in kinds, kind
+        assert {c for c, *_ in h.observer.chunks} == {"caller", "agent"}
+        await h.call.close("stop")
+        assert h.observer.started == [h.call.call_id]
+        assert h.observer.ended == [(h.call.call_id, "completed")]
+        assert len(h.observer.turns) == 1  # reported once
+
+    run(main())
+
+
+def test_an_interrupted_turn_is_reported_once_with_what_was_heard() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        await h.one_turn()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.played = len("Hello there m") * PER_CHAR
+        h.push(20, h.ev("speech_start"))
+        h.push(200)
+        await h.settle(lambda: len(h.observer.turns) == 1)
+        turn = h.observer.turns[0]
+        assert turn.interrupted and turn.heard_text == "Hello there"
+        assert "interrupted" in turn.timeline and "playout_end" not in turn.timeline
+        assert turn.timeline["interrupted"] >= turn.timeline["first_audio_sent"]
+        assert any(e["type"] == "barge_in" and e["heard_text"] == "Hello there" for e in h.observer.events)
+        await h.call.close("disconnected")
+        assert h.observer.ended == [(h.call.call_id, "dropped")]
+        assert len(h.observer.turns) == 1
+
+    run(main())
+
+
+def test_a_call_closed_mid_turn_still_reports_the_turn() -> None:
+    async def main():
+        h = Harness()
+        h.engine.slow = True
+        await h.call.start()
+        await h.one_turn()
+        await h.call.close("disconnected")
+        assert len(h.observer.turns) == 1 and h.observer.turns[0].user_text == "what time is it"
+        assert h.observer.ended == [(h.call.call_id, "dropped")]
+
+    run(main())
+
+
+def test_a_failing_observer_never_breaks_the_call() -> None:
+    class Broken:
+        def __getattr__(self, name):
+            def fail(*args):
+                raise RuntimeError("observer bug")
+            return fail
+
+    async def main():
+        h = Harness()
+        h.call.observers.add(Broken())
+        await h.call.start()
+        await h.one_turn()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.playing = False
+        await h.settle(lambda: len(h.observer.turns) == 1)
+        assert h.call.record.turns[0].agent_text == "Hello there my good friend."
+        await h.call.close("stop")
 
     run(main())

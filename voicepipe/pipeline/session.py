@@ -10,6 +10,10 @@ noises while the agent talks are dropped.
 
 The transport side is an `AgentOutput` (see below); everything here runs on the event loop, models run on
 their own worker threads.
+
+Each turn keeps a timeline (`TurnRecord.timeline`, see `voicepipe/observability/hooks.py`) and the call reports
+to its `Observers` (call store, metrics, recorder): the call's start and end, each finished turn, caller and
+agent audio, and events (VAD, transcripts, the LLM request, marks and clears).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 from voicepipe.audio import StreamResampler
 from voicepipe.config import CallSettings, Settings
 from voicepipe.observability.hooks import Observers
+from voicepipe.observability.timeline import derive_timings
 from voicepipe.pipeline.resources import CallResources
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,9 @@ class AgentOutput(Protocol):
 
     def event(self, kind: str, **data: Any) -> None:
         """A call event for clients that show them (native protocol): transcript, agent_text, turn."""
+
+    # A transport also reports back to the call: `CallSession.agent_audio_sent(turn, samples, rate)` as it sends
+    # agent audio, and `CallSession.note(event_type, **data)` for its own events (marks, clears).
 
 
 @dataclass
@@ -125,6 +133,7 @@ class _Reply:
     tokens: int = 0
     first_audio: float | None = None
     record: TurnRecord | None = None
+    finished: bool = False  # turn_finished was reported
 
 
 class CallSession:
@@ -161,6 +170,7 @@ class CallSession:
         self._preroll_len = 0
         self._vad_pos = 0  # 16 kHz samples pushed to the VAD
         self._speech_start: int | None = None  # VAD sample of the open speech segment
+        self._next_timeline: dict[str, float] = {}  # the timeline of the caller turn being spoken
         self._speech_end: int | None = None
         self._stt_turn_active = False
         self._stt_vad_start = 0  # VAD sample where the STT turn's audio starts
@@ -178,6 +188,7 @@ class CallSession:
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.record.started_mono = time.monotonic()
         self.session = self.res.engine.open_session(self.system_prompt)
         self.detector = self._make_detector()
         self.stt = self.res.transcriber.open_stream(PIPELINE_RATE, on_partial=self._on_partial)
@@ -205,6 +216,7 @@ class CallSession:
             reply.stream.cancel()
             if reply.task is not None:
                 reply.task.cancel()
+            self._finish_turn(reply)
         for task in [self._watchdog, *self._tasks]:
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -234,6 +246,12 @@ class CallSession:
         if self.closed or samples.size == 0:
             return
         audio = self._resampler.process(samples) if self._resampler is not None else samples
+        if self.observers.observers:
+            now = self._since()
+            self.observers.event(self.record, {"t": now, "type": "inbound", "samples": int(samples.size),
+                                               "rate": self.input_rate})
+            if audio.size:
+                self.observers.audio(self.record, "caller", audio, PIPELINE_RATE, now)
         if audio.size == 0:
             return
         start = self._vad_pos
@@ -242,11 +260,14 @@ class CallSession:
         if self._stt_turn_active:
             self.stt.push(audio)
         for ev in self.detector.push(audio):
+            self.note("vad", kind=ev.kind)
             if ev.kind == "speech_start":
                 self._on_speech_start(ev.sample, start)
             elif ev.kind == "speech_end":
                 self._speech_end = ev.sample
                 self._speech_start = None
+                if self._stt_turn_active:
+                    self._next_timeline["speech_end"] = self._sample_time(ev.sample)
             elif ev.kind == "end_of_turn":
                 self._on_end_of_turn()
         if self._speech_start is not None and self.state in (CallState.THINKING, CallState.SPEAKING):
@@ -272,6 +293,7 @@ class CallSession:
         first = self._vad_pos - len(buffered)
         begin = max(first, sample - int(0.1 * PIPELINE_RATE))
         self._stt_turn_active = True
+        self._next_timeline = {"speech_start": self._sample_time(sample)}
         self._stt_vad_start = begin
         self._stt_sample_start = self.stt.samples_pushed
         self.stt.push(buffered[begin - first:])
@@ -288,22 +310,29 @@ class CallSession:
         stt_end = None if end is None else self._stt_sample_start + (end - self._stt_vad_start)
         future = self.stt.finish(stt_end)
         self._turns += 1
-        now = time.monotonic()
-        marks = {"speech_end": now - speech_end_ago, "end_of_turn": now}
+        now = self._since()
+        timeline = {**self._next_timeline, "speech_end": round(now - speech_end_ago, 4), "end_of_turn": now}
+        self._next_timeline = {}
         self.state = CallState.THINKING
-        record = TurnRecord(self._turns)
+        record = TurnRecord(self._turns, timeline=timeline)
         self.record.turns.append(record)
         reply = _Reply(self._turns, self._open_speech(self._turns), record=record)
-        self._start_reply(reply, future=future, marks=marks)
+        self._start_reply(reply, future=future)
 
     def _on_partial(self, transcript) -> None:  # STT worker thread
         loop = self._loop
         if loop is None or self.closed:
             return
-        turn = self._turns + 1
+        at = self._since()
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._emit, "transcript", {"text": transcript.text, "final": False,
-                                                                 "turn": turn})
+            loop.call_soon_threadsafe(self._partial_arrived, transcript.text, at)
+
+    def _partial_arrived(self, text: str, at: float) -> None:
+        turn = self._turns + 1
+        if self._stt_turn_active:
+            self._next_timeline.setdefault("first_partial", at)
+        self.note("stt_partial", turn=turn, text=text)
+        self._emit("transcript", {"text": text, "final": False, "turn": turn})
 
     def _emit(self, kind: str, data: dict[str, Any]) -> None:
         if self.closed:
@@ -313,16 +342,56 @@ class CallSession:
         except Exception:
             log.exception("call %s: sending a %s event failed", self.call_id, kind)
 
+    # -- timeline and observers ---------------------------------------------------------------------
+    def _since(self, mono: float | None = None) -> float:
+        """Seconds since the call started (the zero of every timeline)."""
+        return round((time.monotonic() if mono is None else mono) - self.record.started_mono, 4)
+
+    def _sample_time(self, vad_sample: int) -> float:
+        """When VAD sample `vad_sample` arrived, assuming the caller's audio arrives at real-time pace."""
+        return self._since() - round((self._vad_pos - vad_sample) / PIPELINE_RATE, 4)
+
+    def note(self, event_type: str, /, **data: Any) -> None:
+        """One call event for the observers (the recorder's events file)."""
+        if self.observers.observers:
+            self.observers.event(self.record, {"t": self._since(), "type": event_type, **data})
+
+    def agent_audio_sent(self, turn: int, samples: np.ndarray, rate: int) -> None:
+        """The transport sent agent audio of `turn` to the caller (reported by the transport as it sends)."""
+        reply = self._reply
+        record = reply.record if reply is not None and reply.turn == turn else None
+        if record is not None and "first_audio_sent" not in record.timeline:
+            record.timeline["first_audio_sent"] = self._since()
+            ms = derive_timings(record.timeline)
+            record.timings_ms.update(ms)
+            self._emit("turn", {"turn": turn, "timings_ms": ms})
+        if self.observers.observers:
+            now = self._since()
+            self.observers.event(self.record, {"t": now, "type": "agent_audio", "turn": turn,
+                                               "samples": int(samples.size)})
+            self.observers.audio(self.record, "agent", samples, rate, now)
+
+    def _finish_turn(self, reply: _Reply) -> None:
+        """Report a caller turn once: played out, interrupted, failed, or cut by the end of the call."""
+        record = reply.record
+        if record is None or reply.finished:
+            return
+        reply.finished = True
+        record.timings_ms.update(derive_timings(record.timeline))
+        self.note("turn", turn=record.turn, user_text=record.user_text, agent_text=record.agent_text,
+                  heard_text=record.heard_text, interrupted=record.interrupted, timings_ms=record.timings_ms,
+                  timeline=record.timeline, error=record.error)
+        self.observers.turn_finished(self.record, record)
+
     # -- replies ----------------------------------------------------------------------------------
     def _open_speech(self, turn: int):
         return self.res.synthesizer.open_stream(self.output.sample_rate, turn=turn)
 
-    def _start_reply(self, reply: _Reply, future=None, marks: dict[str, float] | None = None) -> None:
+    def _start_reply(self, reply: _Reply, future=None) -> None:
         self._reply = reply
-        reply.task = asyncio.create_task(self._run_reply(reply, future, marks or {}),
-                                         name=f"reply-{self.call_id}-{reply.turn}")
+        reply.task = asyncio.create_task(self._run_reply(reply, future), name=f"reply-{self.call_id}-{reply.turn}")
 
-    async def _run_reply(self, reply: _Reply, future, marks: dict[str, float]) -> None:
+    async def _run_reply(self, reply: _Reply, future) -> None:
         record = reply.record
         try:
             if reply.greeting:
@@ -332,17 +401,20 @@ class CallSession:
                 await self._pump_audio(reply)
             else:
                 transcript = await asyncio.wrap_future(future)
-                marks["final_transcript"] = time.monotonic()
+                record.timeline["final_transcript"] = self._since()
                 text = transcript.text.strip()
                 record.user_text = text
+                self.note("stt_final", turn=reply.turn, text=text)
                 self._emit("transcript", {"text": text, "final": True, "turn": reply.turn})
                 if not text:
                     reply.stream.cancel()
                     return
-                await self._generate(reply, record, text, marks)
+                await self._generate(reply, record, text)
             self.output.end_of_reply()
             while self.output.is_playing():
                 await asyncio.sleep(0.02)
+            if record is not None:
+                record.timeline["playout_end"] = self._since()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one failed turn must not end the call
@@ -353,11 +425,12 @@ class CallSession:
         finally:
             if self._reply is reply:
                 self._reply = None
+                self._finish_turn(reply)
                 if not self.closed:
                     self.state = CallState.LISTENING
                     self._last_activity = time.monotonic()
 
-    async def _generate(self, reply: _Reply, record: TurnRecord, text: str, marks: dict[str, float]) -> None:
+    async def _generate(self, reply: _Reply, record: TurnRecord, text: str) -> None:
         messages = []
         if self._pending_assistant:
             messages.append({"role": "assistant", "content": self._pending_assistant})
@@ -368,22 +441,26 @@ class CallSession:
                               temperature=self.cfg.temperature)
         reply.generation = gen
         reply.llm_started = True
-        marks["llm_start"] = time.monotonic()
-        pump = asyncio.create_task(self._pump_audio(reply, marks, record), name=f"tts-{self.call_id}")
+        record.timeline["llm_queued"] = self._since()
+        self.note("llm_queued", turn=reply.turn)
+        pump = asyncio.create_task(self._pump_audio(reply), name=f"tts-{self.call_id}")
+        timeline = record.timeline
         try:
             async for piece in gen:
-                if "first_token" not in marks:
-                    marks["first_token"] = time.monotonic()
+                if "first_token" not in timeline:
+                    self._engine_times(gen.stats, timeline)
+                    self.note("first_token", turn=reply.turn)
                 reply.text += piece.text
                 reply.tokens += len(piece.token_ids)
                 reply.pieces.append((len(reply.text), reply.tokens))
                 if piece.text:
-                    if reply.stream.push_text(piece.text) and "first_clause" not in marks:
-                        marks["first_clause"] = time.monotonic()
+                    if reply.stream.push_text(piece.text) and "first_clause" not in timeline:
+                        timeline["first_clause"] = self._since()
                     self._emit("agent_text", {"text": piece.text, "final": False, "turn": reply.turn})
-            if reply.stream.end_text() and "first_clause" not in marks:
-                marks["first_clause"] = time.monotonic()
+            if reply.stream.end_text() and "first_clause" not in timeline:
+                timeline["first_clause"] = self._since()
             record.agent_text = reply.text
+            self.note("agent_text", turn=reply.turn, text=reply.text, final=True)
             self._emit("agent_text", {"text": reply.text, "final": True, "turn": reply.turn})
             stats = gen.stats
             record.prompt_tokens = stats.prompt_tokens
@@ -395,8 +472,16 @@ class CallSession:
                 pump.cancel()
             record.agent_text = reply.text
 
-    async def _pump_audio(self, reply: _Reply, marks: dict[str, float] | None = None,
-                          record: TurnRecord | None = None) -> None:
+    def _engine_times(self, stats, timeline: dict[str, float]) -> None:
+        """The engine's own clock for the request: queued, prefill start, first token (now if it has none)."""
+        for key, value in (("llm_queued", getattr(stats, "arrival", None)),
+                           ("prefill_start", getattr(stats, "first_scheduled", None)),
+                           ("first_token", getattr(stats, "first_token", None))):
+            if value:
+                timeline[key] = self._since(value)
+        timeline.setdefault("first_token", self._since())
+
+    async def _pump_audio(self, reply: _Reply) -> None:
         """Move TTS frames to the transport as they are synthesized."""
         stream = reply.stream
         while True:
@@ -410,30 +495,12 @@ class CallSession:
                 reply.first_audio = time.monotonic()
                 if self.state is CallState.THINKING:
                     self.state = CallState.SPEAKING
-                if marks is not None and record is not None:
-                    self._report_timings(reply, marks, record)
+                if reply.record is not None:
+                    reply.record.timeline["first_audio_synth"] = self._since(reply.first_audio)
             self.output.play(frame.samples, (reply.turn, frame.start_sample, len(frame.samples)))
             self._last_activity = time.monotonic()
         if stream.error is not None:
             raise stream.error
-
-    def _report_timings(self, reply: _Reply, marks: dict[str, float], record: TurnRecord) -> None:
-        t = reply.first_audio
-        ms = {}
-        if "speech_end" in marks:
-            ms["voice_to_voice"] = (t - marks["speech_end"]) * 1000
-        if "end_of_turn" in marks:
-            ms["response"] = (t - marks["end_of_turn"]) * 1000
-        if "final_transcript" in marks and "end_of_turn" in marks:
-            ms["stt_final"] = (marks["final_transcript"] - marks["end_of_turn"]) * 1000
-        if "first_token" in marks and "llm_start" in marks:
-            ms["ttft"] = (marks["first_token"] - marks["llm_start"]) * 1000
-        if "first_clause" in marks and "end_of_turn" in marks:
-            ms["first_clause"] = (marks["first_clause"] - marks["end_of_turn"]) * 1000
-            ms["tts_first_audio"] = (t - marks["first_clause"]) * 1000
-        ms = {k: round(v, 1) for k, v in ms.items()}
-        record.timings_ms.update(ms)
-        self._emit("turn", {"turn": reply.turn, "timings_ms": ms})
 
     # -- barge-in ---------------------------------------------------------------------------------
     def _barge_in(self) -> None:
@@ -442,6 +509,8 @@ class CallSession:
         self._reply = None  # from here on the caller's new turn owns the call
         self.state = CallState.LISTENING
         self.record.barge_ins += 1
+        if reply.record is not None:
+            reply.record.timeline["interrupted"] = self._since()
         reply.stream.cancel()
         if reply.task is not None:
             reply.task.cancel()
@@ -454,6 +523,7 @@ class CallSession:
         heard_text = reply.text[:char_end].strip()
         log.info("call %s: barge-in on turn %d after %d samples: heard %r", self.call_id, reply.turn, played,
                  heard_text)
+        self.note("barge_in", turn=reply.turn, heard_text=heard_text)
         if reply.greeting:
             self.record.greeting_heard = heard_text
             self._pending_assistant = heard_text or None
@@ -461,10 +531,10 @@ class CallSession:
         record = reply.record
         if record is not None:
             record.interrupted = True
-            record.heard_text = heard_text
+            record.agent_text = reply.text
+            record.heard_text = heard_text if reply.llm_started else ""
+            self._finish_turn(reply)
         if not reply.llm_started:
-            if record is not None:
-                record.heard_text = ""
             return
         heard_tokens = 0
         for text_end, tokens in reply.pieces:

@@ -236,6 +236,8 @@ class Connection:
             if self.pb is not None:
                 self.pb.on_mark(event.name)
                 self._wake.set()
+            if self.call is not None:
+                self.call.note("mark", name=event.name)
         elif isinstance(event, Start):
             await self._on_start(event)
         elif isinstance(event, Stop):
@@ -345,10 +347,16 @@ class Connection:
                 if chunk.mark is not None:
                     frames += ser.encode_mark(chunk.mark)
                 self._send(frames)
+                self._report_sent(chunk)
             due = pb.next_send_time(now)
             timeout = None if due is None else max(0.0, due - self.clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _report_sent(self, chunk) -> None:
+        origin = chunk.origins[0] if chunk.origins else None
+        if self.call is not None and isinstance(origin, tuple) and len(origin) == 3:
+            self.call.agent_audio_sent(origin[0], chunk.audio, self.sample_rate)
 
     def _release_heard(self, pb: PlaybackController, now: float) -> None:
         """Drop the pieces heard completely (memory stays flat over a long call), remembering how far each
@@ -392,6 +400,8 @@ class Connection:
         self._released = {}
         result = self.pb.clear(now)
         self._send(self.ser.encode_clear())
+        if self.call is not None:
+            self.call.note("clear")
         self._wake.set()
         return released + result.heard
 

@@ -1,0 +1,27 @@
+"""A turn's timeline (event -> seconds since the call started) and the figures derived from it."""
+
+from __future__ import annotations
+
+# (figure, from event, to event): each derived figure is the time between two timeline events.
+SPANS: tuple[tuple[str, str, str], ...] = (
+    ("voice_to_voice", "speech_end", "first_audio_sent"),  # what the caller waits, from their last word
+    ("response", "end_of_turn", "first_audio_sent"),  # from the end-of-turn decision
+    ("stt_final", "end_of_turn", "final_transcript"),
+    ("queue", "llm_queued", "prefill_start"),
+    ("ttft", "llm_queued", "first_token"),
+    ("first_clause", "end_of_turn", "first_clause"),
+    ("tts_first_audio", "first_clause", "first_audio_synth"),
+    ("send_delay", "first_audio_synth", "first_audio_sent"),
+)
+
+# The order the events of a normal turn happen in (interrupted turns end with "interrupted").
+EVENTS: tuple[str, ...] = (
+    "speech_start", "speech_end", "end_of_turn", "first_partial", "final_transcript", "llm_queued",
+    "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
+)
+
+
+def derive_timings(timeline: dict[str, float]) -> dict[str, float]:
+    """The derived figures in ms, for the spans whose two ends are both on the timeline."""
+    return {name: round((timeline[end] - timeline[start]) * 1000, 1)
+            for name, start, end in SPANS if start in timeline and end in timeline}
