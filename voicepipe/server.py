@@ -14,6 +14,7 @@ from voicepipe import __version__
 from voicepipe.config import Settings
 from voicepipe.llm.api import create_openai_router
 from voicepipe.observability.hooks import Observers
+from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     runtime = Runtime(settings)
+    recorder = CallRecorder(settings.paths.recordings_dir, settings.observability.record_calls)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -33,11 +35,12 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
         if loading is not None and not loading.done():
             await asyncio.wait([loading])  # the thread cannot be interrupted; let it finish cleanly
         await asyncio.to_thread(runtime.close)
+        await asyncio.to_thread(recorder.close)
 
     app = FastAPI(title="voicepipe", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
-    app.state.observers = Observers()  # the call store, metrics and recorder register here
+    app.state.observers = Observers([recorder])  # the call store and the metrics register here too
     app.include_router(create_call_router(app))
     app.include_router(create_openai_router(app))
 
