@@ -1,0 +1,172 @@
+"""The call store: every call and every turn in one SQLite file (WAL mode), kept `retention_days`.
+
+`CallStore` is a `CallObserver`: a call row on `call_started`, a turn row on `turn_finished`, and the call's
+final state (and every turn again, so none is missed) on `call_ended`. The observer methods only snapshot the
+record and queue the statements; one writer thread (`store_writer.StoreWriter`) commits them in batches every
+`flush_interval_s`. Reads use their own connection (WAL: readers never wait for the writer) and see every
+write queued before them; call them off the event loop (`asyncio.to_thread`).
+
+A call id is the key: a later call that reuses an id replaces the earlier call's record.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voicepipe.observability.store_rows import UPSERT_CALL, UPSERT_TURN, call_row, percentiles, row_dict, turn_row
+from voicepipe.observability.store_schema import migrate
+from voicepipe.observability.store_writer import StoreWriter
+
+if TYPE_CHECKING:
+    from voicepipe.config import Settings
+    from voicepipe.pipeline.session import CallRecord, TurnRecord
+
+log = logging.getLogger(__name__)
+
+STORE_FILE = "calls.sqlite3"
+DAY_S = 86400.0
+_LIST_COLUMNS = "id, transport, started, ended, outcome, end_reason, metadata, barge_ins, error"
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit) on a WAL database."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10.0)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a crash loses uncommitted batches only
+    return conn
+
+
+def prune(conn: sqlite3.Connection, retention_days: float, now: float | None = None) -> int:
+    """Delete calls that started more than `retention_days` ago, with their turns; returns how many."""
+    cutoff = (time.time() if now is None else now) - retention_days * DAY_S
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DELETE FROM turns WHERE call_id IN (SELECT id FROM calls WHERE started < ?)", (cutoff,))
+        deleted = conn.execute("DELETE FROM calls WHERE started < ?", (cutoff,)).rowcount
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    if deleted:
+        log.info("call store: deleted %d calls older than %g days", deleted, retention_days)
+    return deleted
+
+
+class CallStore:
+    def __init__(self, path: Path, *, retention_days: float = 30.0, flush_interval_s: float = 0.5,
+                 prune_every_s: float = 3600.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.retention_days = retention_days
+        conn = connect(self.path)
+        try:
+            migrate(conn)
+            prune(conn, retention_days)
+        except BaseException:
+            conn.close()
+            raise
+        self._writer = StoreWriter(conn, flush_interval_s, maintenance=lambda c: prune(c, retention_days),
+                                   maintenance_every_s=prune_every_s)
+        self._read = connect(self.path)
+        self._read.execute("PRAGMA query_only = ON")
+        self._read_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CallStore:
+        obs = settings.observability
+        return cls(settings.paths.data_dir / STORE_FILE, retention_days=obs.retention_days,
+                   flush_interval_s=obs.flush_interval_s)
+
+    @property
+    def writer(self) -> StoreWriter:
+        return self._writer
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        return self._writer.flush(timeout)
+
+    def close(self) -> None:
+        """Commit what is queued and close both connections (blocks; call it off the event loop)."""
+        self._writer.close()
+        with self._read_lock:
+            self._read.close()
+
+    # -- CallObserver (on the event loop: snapshot and queue only) -------------------------------------------
+    def call_started(self, call: CallRecord) -> None:
+        self._writer.put("DELETE FROM turns WHERE call_id = :id", {"id": call.call_id})  # a reused id starts over
+        self._writer.put(UPSERT_CALL, call_row(call))
+
+    def event(self, call: CallRecord, event: dict[str, Any]) -> None:
+        pass
+
+    def audio(self, call: CallRecord, channel: str, samples: Any, rate: int, t: float) -> None:
+        pass
+
+    def turn_finished(self, call: CallRecord, turn: TurnRecord) -> None:
+        self._writer.put(UPSERT_TURN, turn_row(call.call_id, turn))
+
+    def call_ended(self, call: CallRecord) -> None:
+        self._writer.put(UPSERT_CALL, call_row(call))
+        for turn in call.turns:
+            self._writer.put(UPSERT_TURN, turn_row(call.call_id, turn))
+
+    # -- reads (blocking; off the event loop) ----------------------------------------------------------------
+    def _query(self, sql: str, params: tuple | dict = ()) -> list[sqlite3.Row]:
+        self._writer.flush()
+        with self._read_lock:
+            return self._read.execute(sql, params).fetchall()
+
+    def list_calls(self, *, since: float | None = None, until: float | None = None, transport: str | None = None,
+                   limit: int = 100) -> list[dict[str, Any]]:
+        """The most recent calls first (started in [since, until)), each with its turn count and p50/p95
+        voice-to-voice over its turns."""
+        where, params = [], []
+        if since is not None:
+            where.append("started >= ?")
+            params.append(since)
+        if until is not None:
+            where.append("started < ?")
+            params.append(until)
+        if transport:
+            where.append("transport = ?")
+            params.append(transport)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._query(f"SELECT {_LIST_COLUMNS} FROM calls {clause} ORDER BY started DESC LIMIT ?",
+                           (*params, max(0, int(limit))))
+        calls = [row_dict(r) for r in rows]
+        if not calls:
+            return []
+        marks = ", ".join("?" * len(calls))
+        turns: dict[str, list[float | None]] = {c["id"]: [] for c in calls}
+        for r in self._query(f"SELECT call_id, voice_to_voice_ms FROM turns WHERE call_id IN ({marks})",
+                             tuple(turns)):
+            turns[r["call_id"]].append(r["voice_to_voice_ms"])
+        for call in calls:
+            figures = turns[call["id"]]
+            call["turn_count"] = len(figures)
+            call["voice_to_voice_ms"] = percentiles([v for v in figures if v is not None])
+        return calls
+
+    def get_call(self, call_id: str) -> dict[str, Any] | None:
+        """One call with all its turns in order, or None."""
+        rows = self._query("SELECT * FROM calls WHERE id = ?", (call_id,))
+        if not rows:
+            return None
+        call = row_dict(rows[0])
+        call["turns"] = [row_dict(r) for r in
+                         self._query("SELECT * FROM turns WHERE call_id = ? ORDER BY turn", (call_id,))]
+        for turn in call["turns"]:
+            del turn["call_id"]
+        call["turn_count"] = len(call["turns"])
+        call["voice_to_voice_ms"] = percentiles([t["voice_to_voice_ms"] for t in call["turns"]
+                                                 if t["voice_to_voice_ms"] is not None])
+        return call
+
+    def transports(self) -> list[str]:
+        """Every transport that has a call in the store (for the dashboard's filter)."""
+        return [r[0] for r in self._query("SELECT DISTINCT transport FROM calls ORDER BY transport")]

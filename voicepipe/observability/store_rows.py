@@ -1,0 +1,76 @@
+"""Pure conversions between the session's records and the call store's rows.
+
+The write side snapshots a `CallRecord` / `TurnRecord` on the event loop (the session keeps mutating its
+records), so the writer thread only ever sees plain values. The read side turns rows back into the JSON the
+API serves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from voicepipe.pipeline.session import CallRecord, TurnRecord
+
+CALL_COLUMNS = ("id", "transport", "started", "ended", "outcome", "end_reason", "metadata", "system_prompt",
+                "greeting", "greeting_heard", "barge_ins", "error")
+TURN_COLUMNS = ("call_id", "turn", "user_text", "agent_text", "heard_text", "interrupted", "prompt_tokens",
+                "cached_prompt_tokens", "output_tokens", "voice_to_voice_ms", "timings_ms", "timeline", "error")
+JSON_COLUMNS = ("metadata", "timings_ms", "timeline")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, separators=(",", ":"))  # default=str: metadata may hold anything
+
+
+def call_row(call: CallRecord) -> dict[str, Any]:
+    return {"id": call.call_id, "transport": call.transport, "started": call.started, "ended": call.ended,
+            "outcome": call.outcome, "end_reason": call.end_reason, "metadata": _json(call.metadata),
+            "system_prompt": call.system_prompt or "", "greeting": call.greeting,
+            "greeting_heard": call.greeting_heard, "barge_ins": int(call.barge_ins), "error": call.error}
+
+
+def turn_row(call_id: str, turn: TurnRecord) -> dict[str, Any]:
+    v2v = turn.timings_ms.get("voice_to_voice")
+    return {"call_id": call_id, "turn": int(turn.turn), "user_text": turn.user_text or "",
+            "agent_text": turn.agent_text or "", "heard_text": turn.heard_text, "interrupted": int(turn.interrupted),
+            "prompt_tokens": int(turn.prompt_tokens), "cached_prompt_tokens": int(turn.cached_prompt_tokens),
+            "output_tokens": int(turn.output_tokens),
+            "voice_to_voice_ms": float(v2v) if isinstance(v2v, int | float) and math.isfinite(v2v) else None,
+            "timings_ms": _json(turn.timings_ms), "timeline": _json(turn.timeline), "error": turn.error}
+
+
+def upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+    """INSERT that updates every non-key column when the key is already there."""
+    names = ", ".join(columns)
+    marks = ", ".join(f":{c}" for c in columns)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+
+
+UPSERT_CALL = upsert_sql("calls", CALL_COLUMNS, ("id",))
+UPSERT_TURN = upsert_sql("turns", TURN_COLUMNS, ("call_id", "turn"))
+
+
+def row_dict(row: sqlite3.Row) -> dict[str, Any]:
+    """A row as JSON-able data: JSON columns parsed, flags as booleans."""
+    out = dict(row)
+    for name in JSON_COLUMNS:
+        if name in out:
+            out[name] = json.loads(out[name]) if out[name] else {}
+    if "interrupted" in out:
+        out["interrupted"] = bool(out["interrupted"])
+    return out
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50 and p95 (numpy's linear interpolation), in ms rounded to 0.1; None when there is nothing to rank."""
+    if not values:
+        return {"p50": None, "p95": None}
+    arr = np.asarray(values, dtype=float)
+    return {"p50": round(float(np.percentile(arr, 50)), 1), "p95": round(float(np.percentile(arr, 95)), 1)}

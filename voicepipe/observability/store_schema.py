@@ -1,0 +1,79 @@
+"""The call store's schema, versioned in code: `PRAGMA user_version` counts the migrations applied.
+
+A migration is a list of SQL statements. `migrate()` applies the missing ones in order, each in its own
+transaction together with the version bump, so a database is always at one whole version. Add a migration
+by appending to `MIGRATIONS`; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+Migration = Sequence[str]
+
+MIGRATIONS: list[Migration] = [
+    # 1: calls and their turns
+    [
+        """CREATE TABLE calls (
+            id TEXT PRIMARY KEY,
+            transport TEXT NOT NULL,
+            started REAL NOT NULL,            -- unix seconds
+            ended REAL,                       -- unix seconds; NULL while the call is live (or was cut by a crash)
+            outcome TEXT,                     -- completed | dropped | idle_timeout | error
+            end_reason TEXT,
+            metadata TEXT NOT NULL DEFAULT '{}',  -- JSON: what the caller's start message carried
+            system_prompt TEXT NOT NULL DEFAULT '',
+            greeting TEXT,
+            greeting_heard TEXT,
+            barge_ins INTEGER NOT NULL DEFAULT 0,
+            error TEXT
+        )""",
+        "CREATE INDEX calls_by_start ON calls (started)",
+        """CREATE TABLE turns (
+            call_id TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            user_text TEXT NOT NULL DEFAULT '',
+            agent_text TEXT NOT NULL DEFAULT '',   -- everything generated
+            heard_text TEXT,                       -- what the caller heard of an interrupted reply
+            interrupted INTEGER NOT NULL DEFAULT 0,
+            prompt_tokens INTEGER NOT NULL DEFAULT 0,
+            cached_prompt_tokens INTEGER NOT NULL DEFAULT 0,
+            output_tokens INTEGER NOT NULL DEFAULT 0,
+            voice_to_voice_ms REAL,                -- a column of its own for the call list's percentiles
+            timings_ms TEXT NOT NULL DEFAULT '{}', -- JSON: the derived figures
+            timeline TEXT NOT NULL DEFAULT '{}',   -- JSON: event -> seconds since the call started
+            error TEXT,
+            PRIMARY KEY (call_id, turn)
+        )""",
+    ],
+]
+
+
+class SchemaError(RuntimeError):
+    pass
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Bring the database up to `len(migrations)`; returns the version it had before.
+
+    `conn` must be in autocommit mode (`isolation_level=None`): the transactions are explicit here."""
+    before = schema_version(conn)
+    if before > len(migrations):
+        raise SchemaError(f"the call store's schema is version {before}, newer than this voicepipe knows "
+                          f"({len(migrations)}): upgrade voicepipe or point paths.data_dir elsewhere")
+    for version in range(before + 1, len(migrations) + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in migrations[version - 1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version:d}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return before

@@ -1,0 +1,135 @@
+"""The call store's one writer thread: statements arrive on a queue and are committed in batches.
+
+The first statement of a batch opens a transaction; the batch commits `flush_interval_s` later (or on
+`flush()` / `close()`), so a crash loses at most that much. A failing statement is logged and skipped; it
+never stops the thread. `maintenance` (the retention sweep) runs in the same thread every
+`maintenance_every_s`, so the database only ever has one writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class _Flush:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class StoreWriter:
+    def __init__(self, conn: sqlite3.Connection, flush_interval_s: float,
+                 maintenance: Callable[[sqlite3.Connection], None] | None = None,
+                 maintenance_every_s: float = 3600.0) -> None:
+        self._conn = conn  # autocommit mode; owned by the writer thread from here on
+        self._interval = flush_interval_s
+        self._maintenance = maintenance
+        self._maintenance_every = maintenance_every_s
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self.commits = 0  # batches committed (for tests and logs)
+        self.statements = 0  # statements executed
+        self._thread = threading.Thread(target=self._run, name="call-store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, sql: str, params: dict[str, Any]) -> None:
+        """Queue one statement; returns at once (safe on the event loop)."""
+        if self._closed:
+            log.warning("call store is closed; a write was dropped")
+            return
+        self._queue.put((sql, params))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Block until everything queued before this call is committed; False on timeout or when closed."""
+        if self._closed:
+            return False
+        marker = _Flush()
+        self._queue.put(marker)
+        return marker.done.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Commit what is queued, stop the thread and close the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("call store writer did not stop within %.0f s; its last batch may be lost", timeout)
+
+    # -- the thread ------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        conn = self._conn
+        deadline: float | None = None  # when the open batch must commit
+        next_maintenance = time.monotonic() + self._maintenance_every
+        try:
+            while True:
+                now = time.monotonic()
+                wait = min(deadline or next_maintenance, next_maintenance) - now
+                try:
+                    item = self._queue.get(timeout=max(wait, 0.0))
+                except queue.Empty:
+                    item = None
+                if item is _STOP:
+                    break
+                if isinstance(item, _Flush):
+                    self._commit()
+                    deadline = None
+                    item.done.set()
+                    continue
+                if item is not None:
+                    self._execute(*item)
+                    if deadline is None:
+                        deadline = time.monotonic() + self._interval
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    self._commit()
+                    deadline = None
+                if now >= next_maintenance:
+                    self._commit()
+                    deadline = None
+                    self._run_maintenance()
+                    next_maintenance = now + self._maintenance_every
+        except Exception:
+            log.exception("call store writer failed")
+        finally:
+            self._commit()
+            conn.close()
+
+    def _execute(self, sql: str, params: dict[str, Any]) -> None:
+        try:
+            if not self._conn.in_transaction:
+                self._conn.execute("BEGIN")
+            self._conn.execute(sql, params)
+            self.statements += 1
+        except sqlite3.Error as exc:
+            log.error("call store write failed (%s): %s", sql.split("(")[0].strip(), exc)
+
+    def _commit(self) -> None:
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("COMMIT")
+            self.commits += 1
+        except sqlite3.Error as exc:
+            log.error("call store commit failed; this batch is lost: %s", exc)
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+
+    def _run_maintenance(self) -> None:
+        if self._maintenance is None:
+            return
+        try:
+            self._maintenance(self._conn)
+        except sqlite3.Error as exc:
+            log.error("call store maintenance failed: %s", exc)
