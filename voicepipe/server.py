@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from voicepipe import __version__
 from voicepipe.config import Settings
 from voicepipe.llm.api import create_openai_router
+from voicepipe.observability.api import close_call_store, create_calls_api_router, open_call_store
+from voicepipe.observability.dashboard import install_dashboard
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
@@ -27,6 +29,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        await asyncio.to_thread(open_call_store, app)
         loading = None
         if load_models:
             loading = asyncio.create_task(asyncio.to_thread(runtime.load), name="load-models")
@@ -36,6 +39,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
             await asyncio.wait([loading])  # the thread cannot be interrupted; let it finish cleanly
         await asyncio.to_thread(runtime.close)
         await asyncio.to_thread(recorder.close)
+        await close_call_store(app)  # after the calls: their last records are committed
 
     app = FastAPI(title="voicepipe", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
@@ -43,6 +47,8 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     app.state.observers = Observers([recorder])  # the call store and the metrics register here too
     app.include_router(create_call_router(app))
     app.include_router(create_openai_router(app))
+    app.include_router(create_calls_api_router())
+    install_dashboard(app)
 
     @app.get("/health")
     async def health() -> dict:

@@ -1,0 +1,199 @@
+"""`/api/calls*` and the `/dashboard*` pages over a real call store (no models: the app's lifespan opens the
+store, records are fed through its observer hooks as a call session would)."""
+
+from __future__ import annotations
+
+import re
+import time
+import wave
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from voicepipe.config import load_settings
+from voicepipe.pipeline.session import CallRecord, TurnRecord
+from voicepipe.server import create_app
+
+TIMELINE_KEYS = ["speech_start", "speech_end", "end_of_turn", "first_partial", "final_transcript", "llm_queued",
+                 "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent",
+                 "playout_end"]
+
+
+def full_turn(n: int, at: float) -> TurnRecord:
+    """A turn whose timeline has every key, 0.1 s apart from `at`."""
+    timeline = {key: at + i * 0.1 for i, key in enumerate(TIMELINE_KEYS)}
+    v2v = (timeline["first_audio_sent"] - timeline["speech_end"]) * 1000
+    return TurnRecord(n, user_text=f"caller words {n}", agent_text=f"Agent reply number {n}. It goes on.",
+                      prompt_tokens=100 + n, cached_prompt_tokens=90, output_tokens=12,
+                      timings_ms={"voice_to_voice": v2v, "ttft": 100.0}, timeline=timeline)
+
+
+def feed(app, call: CallRecord, end: bool = True) -> None:
+    observers = app.state.observers
+    observers.call_started(call)
+    for turn in call.turns:
+        observers.turn_finished(call, turn)
+    if end:
+        call.ended, call.end_reason, call.outcome = call.started + 20, "stop", "completed"
+        observers.call_ended(call)
+
+
+def make_app(tmp_path: Path, **observability):
+    settings = load_settings(overrides={
+        "paths": {"data_dir": str(tmp_path / "data"), "recordings_dir": str(tmp_path / "rec")},
+        "observability": observability,
+    })
+    return create_app(settings, load_models=False)
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    app = make_app(tmp_path)
+    with TestClient(app) as client:
+        call = CallRecord("call-1", "twilio", metadata={"from": "+15550100"}, greeting="Hi there.",
+                          greeting_heard="Hi there.")
+        call.turns = [full_turn(n, n * 10.0) for n in (1, 2, 3)]
+        call.turns[1].interrupted, call.turns[1].heard_text = True, "Agent reply"
+        call.barge_ins = 1
+        feed(app, call)
+        other = CallRecord("call-2", "native", started=time.time() - 3 * 86400)
+        other.turns = [TurnRecord(1, "hello", "hi", timings_ms={"voice_to_voice": 900.0, "response": 700.0,
+                                                                "stt_final": 50.0, "ttft": 300.0})]
+        feed(app, other)
+        yield client, app
+
+
+def test_api_lists_and_gets_calls(served) -> None:
+    client, _ = served
+    calls = client.get("/api/calls").json()["calls"]
+    assert [c["id"] for c in calls] == ["call-1", "call-2"]
+    first = calls[0]
+    assert first["transport"] == "twilio" and first["turn_count"] == 3 and first["outcome"] == "completed"
+    assert first["voice_to_voice_ms"]["p50"] == pytest.approx(900.0)
+    assert [c["id"] for c in client.get("/api/calls", params={"transport": "native"}).json()["calls"]] == ["call-2"]
+    recent = client.get("/api/calls", params={"since": time.time() - 3600}).json()["calls"]
+    assert [c["id"] for c in recent] == ["call-1"]
+    old = client.get("/api/calls", params={"until": time.time() - 86400}).json()["calls"]
+    assert [c["id"] for c in old] == ["call-2"]
+    assert len(client.get("/api/calls", params={"limit": 1}).json()["calls"]) == 1
+
+    call = client.get("/api/calls/call-1").json()
+    assert [t["turn"] for t in call["turns"]] == [1, 2, 3]
+    assert call["turns"][1]["interrupted"] is True and call["turns"][1]["heard_text"] == "Agent reply"
+    assert set(call["turns"][0]["timeline"]) == set(TIMELINE_KEYS)
+    assert call["metadata"] == {"from": "+15550100"} and call["recording"] is False
+
+
+@pytest.mark.parametrize("query", [{"limit": 0}, {"limit": 100000}, {"since": "yesterday"}])
+def test_bad_queries_get_a_clear_client_error(served, query) -> None:
+    client, _ = served
+    response = client.get("/api/calls", params=query)
+    assert response.status_code == 400  # the app's validation errors: one line naming the parameter
+    assert f"query.{next(iter(query))}" in response.json()["error"]["message"]
+
+
+def test_unknown_calls_and_missing_recordings_are_404(served, tmp_path: Path) -> None:
+    client, _ = served
+    assert client.get("/api/calls/nope").status_code == 404
+    assert "nope" in client.get("/api/calls/nope").json()["detail"]
+    assert client.get("/api/calls/call-1/recording.wav").status_code == 404
+    assert client.get("/dashboard/calls/nope").status_code == 404
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "call.wav").write_bytes(b"RIFF")
+    assert client.get("/api/calls/..%2Fsecret/recording.wav").status_code == 404
+
+
+def write_recording(path: Path) -> None:
+    path.parent.mkdir(parents=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0\0\0" * 1600)
+
+
+def test_a_recorded_call_serves_its_wav_and_the_page_plays_it(served, tmp_path: Path) -> None:
+    client, _ = served
+    write_recording(tmp_path / "rec" / "call-1" / "call.wav")
+    response = client.get("/api/calls/call-1/recording.wav")
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/wav"
+    assert response.content.startswith(b"RIFF")
+    assert client.get("/api/calls/call-1").json()["recording"] is True
+    page = client.get("/dashboard/calls/call-1").text
+    assert '<audio class="recording" controls preload="metadata" src="/api/calls/call-1/recording.wav">' in page
+
+
+def test_the_call_list_page_shows_calls_and_filters(served) -> None:
+    client, _ = served
+    page = client.get("/dashboard").text  # default: the last 24 h
+    assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-1"]
+    assert 'href="/dashboard/calls/call-1"' in page and ">900 ms<" in page
+    page = client.get("/dashboard", params={"range": "all"}).text
+    assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-1", "call-2"]
+    page = client.get("/dashboard", params={"range": "all", "transport": "native"}).text
+    assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-2"]
+    assert client.get("/dashboard", params={"range": "forever"}).status_code == 400
+
+
+def test_the_call_page_draws_one_bar_group_per_turn(served) -> None:
+    client, _ = served
+    page = client.get("/dashboard/calls/call-1").text
+    groups = re.findall(r'<g class="turn[^"]*" data-turn="(\d+)">(.*?)</g>', page)
+    assert [n for n, _ in groups] == ["1", "2", "3"]
+    for _, body in groups:  # every stage of a full timeline is drawn, in pipeline order
+        assert re.findall(r'data-stage="(\w+)"', body) == ["end_of_turn", "stt", "queue", "prefill",
+                                                             "first_clause", "tts", "send"]
+    assert '<g class="turn interrupted" data-turn="2">' in page
+    assert "barge-in" in page and '<span class="unheard"' in page
+    assert "caller words 3" in page and 'class="legend"' in page
+    # a turn stored without a timeline falls back to its derived figures
+    fallback = client.get("/dashboard/calls/call-2").text
+    body = re.search(r'<g class="turn" data-turn="1">(.*?)</g>', fallback).group(1)
+    assert re.findall(r'data-stage="(\w+)"', body) == ["end_of_turn", "stt", "prefill"]
+
+
+def test_pages_load_nothing_from_other_hosts(served) -> None:
+    client, _ = served
+    for url in ("/dashboard", "/dashboard/calls/call-1"):
+        page = client.get(url).text
+        refs = re.findall(r'(?:src|href|action)="([^"]*)"', page)
+        assert refs and all(r.startswith("/") and not r.startswith("//") for r in refs), refs
+        for ref in refs:
+            if ref.startswith("/static/"):
+                assert client.get(ref).status_code == 200
+
+
+def test_auth_token_guards_the_api_and_pages_and_pages_carry_it(tmp_path: Path) -> None:
+    settings = load_settings(overrides={"paths": {"data_dir": str(tmp_path)}, "calls": {"auth_token": "s3cret"}})
+    app = create_app(settings, load_models=False)
+    with TestClient(app) as client:
+        feed(app, CallRecord("call-1", "twilio", turns=[full_turn(1, 1.0)]))
+        for url in ("/api/calls", "/api/calls/call-1", "/dashboard", "/dashboard/calls/call-1"):
+            assert client.get(url).status_code == 401, url
+            assert client.get(url, params={"token": "wrong"}).status_code == 401, url
+        assert client.get("/api/calls", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        page = client.get("/dashboard", params={"token": "s3cret", "range": "all"}).text
+        assert 'href="/dashboard/calls/call-1?token=s3cret"' in page
+        assert '<input type="hidden" name="token" value="s3cret">' in page
+
+
+def test_with_the_store_off_the_api_says_so(tmp_path: Path) -> None:
+    app = make_app(tmp_path, store=False)
+    with TestClient(app) as client:
+        response = client.get("/api/calls")
+        assert response.status_code == 503 and "observability.store" in response.json()["detail"]
+    assert not (tmp_path / "data" / "calls.sqlite3").exists()
+
+
+def test_odd_stored_values_do_not_break_the_pages(served) -> None:
+    client, app = served
+    odd = CallRecord("odd <b>&", "twilio", metadata={"x": "</dd><script>"})
+    odd.turns = [TurnRecord(1, "<i>", "x", timings_ms={"voice_to_voice": float("nan")},
+                            timeline={"speech_end": "soon", "first_token": None}),
+                 TurnRecord(2, "", "", timeline={"speech_end": 2.0, "end_of_turn": 1.0})]  # out of order
+    feed(app, odd)
+    page = client.get("/dashboard/calls/odd%20%3Cb%3E%26")
+    assert page.status_code == 200
+    assert "<script>" not in page.text and "odd &lt;b&gt;&amp;" in page.text
+    assert client.get("/dashboard", params={"range": "all"}).status_code == 200

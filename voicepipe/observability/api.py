@@ -1,0 +1,100 @@
+"""The call store on the app: opened in the lifespan, and served as JSON under `/api/calls`.
+
+`GET /api/calls` (query: since, until as unix seconds, transport, limit), `GET /api/calls/{id}` and
+`GET /api/calls/{id}/recording.wav`; the same token as `/calls` (`calls.auth_token`) guards them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse
+
+from voicepipe.config import Settings
+from voicepipe.observability.store import CallStore
+from voicepipe.transports.gateway import _check_http_token as check_http_token
+
+log = logging.getLogger(__name__)
+
+MAX_LIMIT = 1000
+
+
+def open_call_store(app: FastAPI) -> CallStore | None:
+    """Open the store (blocking: run it off the loop) and register it as a call observer. A store that cannot
+    open is logged and left off: calls matter more than their records."""
+    settings: Settings = app.state.settings
+    app.state.call_store = None
+    if not settings.observability.store:
+        return None
+    try:
+        store = CallStore.from_settings(settings)
+    except Exception as exc:
+        log.error("call store at %s could not open, calls will not be stored: %s",
+                  settings.paths.data_dir, exc)
+        return None
+    app.state.call_store = store
+    app.state.observers.add(store)
+    return store
+
+
+async def close_call_store(app: FastAPI) -> None:
+    """Unregister the store, commit what is queued and close it."""
+    store: CallStore | None = getattr(app.state, "call_store", None)
+    if store is None:
+        return
+    observers = app.state.observers.observers
+    if store in observers:
+        observers.remove(store)
+    app.state.call_store = None
+    await asyncio.to_thread(store.close)
+
+
+def call_store(request: Request) -> CallStore:
+    """The app's store, after the token check; 503 when the store is off."""
+    check_http_token(request)
+    store = getattr(request.app.state, "call_store", None)
+    if store is None:
+        raise HTTPException(503, "the call store is off (observability.store) or could not open")
+    return store
+
+
+def recording_path(settings: Settings, call_id: str) -> Path | None:
+    """The call's stereo WAV if it was recorded (`paths.recordings_dir / <id> / call.wav`)."""
+    if not call_id or call_id in (".", "..") or any(c in call_id for c in "/\\\0"):
+        return None
+    path = settings.paths.recordings_dir / call_id / "call.wav"
+    return path if path.is_file() else None
+
+
+def create_calls_api_router() -> APIRouter:
+    router = APIRouter(prefix="/api")
+
+    @router.get("/calls")
+    async def list_calls(request: Request, since: float | None = None, until: float | None = None,
+                         transport: str | None = None, limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> dict:
+        store = call_store(request)
+        calls = await asyncio.to_thread(store.list_calls, since=since, until=until, transport=transport,
+                                        limit=limit)
+        return {"calls": calls}
+
+    @router.get("/calls/{call_id}")
+    async def get_call(call_id: str, request: Request) -> dict:
+        store = call_store(request)
+        call = await asyncio.to_thread(store.get_call, call_id)
+        if call is None:
+            raise HTTPException(404, f"no call {call_id!r} in the store")
+        call["recording"] = recording_path(request.app.state.settings, call_id) is not None
+        return call
+
+    @router.get("/calls/{call_id}/recording.wav")
+    async def recording(call_id: str, request: Request) -> FileResponse:
+        check_http_token(request)
+        path = recording_path(request.app.state.settings, call_id)
+        if path is None:
+            raise HTTPException(404, f"no recording of call {call_id!r}")
+        return FileResponse(path, media_type="audio/wav", filename=f"{call_id}.wav")
+
+    return router

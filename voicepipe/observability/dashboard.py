@@ -1,0 +1,172 @@
+"""The dashboard pages: `/dashboard` (recent calls with p50/p95 voice-to-voice) and `/dashboard/calls/{id}`
+(the per-turn waterfall, the recording and the transcript).
+
+Rendered on the server from the call store into the templates under `voicepipe/web/dashboard/`; the pages
+load one stylesheet from `/static/dashboard` and nothing from any other host. A `?token=` in the page's URL
+is carried into its links for servers with `calls.auth_token` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from html import escape
+from pathlib import Path
+from string import Template
+from typing import Any, Literal
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from voicepipe.observability.api import MAX_LIMIT, call_store, recording_path
+from voicepipe.observability.waterfall import legend_html, waterfall_svg
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "dashboard"
+STATIC_PREFIX = "/static/dashboard"
+RANGES = {"1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0, "30d": 30 * 86400.0, "all": None}
+RANGE_LABELS = {"1h": "in the last hour", "24h": "in the last 24 h", "7d": "in the last 7 days",
+                "30d": "in the last 30 days", "all": "any time"}
+
+
+def install_dashboard(app: FastAPI) -> None:
+    """Mount the pages and their stylesheet."""
+    app.mount(STATIC_PREFIX, StaticFiles(directory=WEB_DIR), name="dashboard-static")
+    app.include_router(_router())
+
+
+def _template(name: str) -> Template:
+    return Template((WEB_DIR / name).read_text(encoding="utf-8"))
+
+
+def _utc(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if ts is not None else "–"
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.0f} ms" if value is not None else "–"
+
+
+def _duration(call: dict[str, Any]) -> str:
+    return f"{call['ended'] - call['started']:.1f} s" if call.get("ended") else "live"
+
+
+def _with_token(url: str, request: Request, **params: Any) -> str:
+    """`url` with `params` and the page's own token (if any) as its query."""
+    query = {k: v for k, v in params.items() if v not in (None, "")}
+    if request.query_params.get("token"):
+        query["token"] = request.query_params["token"]
+    return f"{url}?{urlencode(query)}" if query else url
+
+
+def _options(values: list[tuple[str, str]], selected: str) -> str:
+    return "".join(f'<option value="{escape(v)}"{" selected" if v == selected else ""}>{escape(label)}</option>'
+                   for v, label in values)
+
+
+def _call_row(call: dict[str, Any], request: Request) -> str:
+    v2v = call["voice_to_voice_ms"]
+    link = _with_token(f"/dashboard/calls/{quote(call['id'], safe='')}", request)
+    outcome = call.get("outcome") or "live"
+    return (f'<tr class="call" data-call-id="{escape(call["id"])}"><td>{_utc(call["started"])}</td>'
+            f'<td><a href="{escape(link)}">{escape(call["id"])}</a></td><td>{escape(call["transport"])}</td>'
+            f'<td class="outcome-{escape(outcome)}">{escape(outcome)}</td><td class="num">{_duration(call)}</td>'
+            f'<td class="num">{call["turn_count"]}</td><td class="num p50">{_ms(v2v["p50"])}</td>'
+            f'<td class="num p95">{_ms(v2v["p95"])}</td><td class="num">{call["barge_ins"]}</td></tr>')
+
+
+def _facts(call: dict[str, Any]) -> str:
+    v2v = call["voice_to_voice_ms"]
+    facts = [("transport", call["transport"]), ("started (UTC)", _utc(call["started"])),
+             ("duration", _duration(call)), ("outcome", call.get("outcome") or "live"),
+             ("end reason", call.get("end_reason") or "–"), ("turns", str(call["turn_count"])),
+             ("voice-to-voice", f"p50 {_ms(v2v['p50'])} · p95 {_ms(v2v['p95'])}"),
+             ("barge-ins", str(call["barge_ins"]))]
+    if call.get("error"):
+        facts.append(("error", call["error"]))
+    if call.get("metadata"):
+        facts.append(("caller metadata", json.dumps(call["metadata"], ensure_ascii=False)))
+    if call.get("system_prompt"):
+        facts.append(("system prompt", call["system_prompt"]))
+    return "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in facts)
+
+
+def _agent_line(text: str, heard: str | None, interrupted: bool) -> str:
+    """The agent's words; for an interrupted reply, what was heard, then what was not (struck through)."""
+    if not interrupted or heard is None:
+        return escape(text)
+    said = heard.strip()
+    unheard = text.strip()[len(said):] if text.strip().startswith(said) else text
+    out = escape(said) + ' <span class="barge-in" title="the caller talked over the agent">⚡ barge-in</span>'
+    if unheard.strip():
+        out += f' <span class="unheard" title="generated, not heard">{escape(unheard.strip())}</span>'
+    return out
+
+
+def _transcript(call: dict[str, Any]) -> str:
+    items = []
+    if call.get("greeting"):
+        heard = call.get("greeting_heard")
+        items.append(f'<li class="greeting"><span class="who">agent</span>'
+                     f'{_agent_line(call["greeting"], heard, heard is not None and heard != call["greeting"])}'
+                     f'</li>')
+    for t in call["turns"]:
+        figures = " · ".join(f"{k.replace('_', ' ')} {v:.0f} ms" for k, v in t["timings_ms"].items()
+                             if isinstance(v, int | float))
+        error = f'<div class="error">error: {escape(t["error"])}</div>' if t.get("error") else ""
+        classes = "turn interrupted" if t["interrupted"] else "turn"
+        items.append(f'<li class="{classes}" data-turn="{t["turn"]}">'
+                     f'<div><span class="who">caller</span>{escape(t["user_text"])}</div>'
+                     f'<div><span class="who">agent</span>'
+                     f'{_agent_line(t["agent_text"], t.get("heard_text"), t["interrupted"])}</div>'
+                     f'<div class="figures">{escape(figures)} · tokens: prompt {t["prompt_tokens"]} '
+                     f'(cached {t["cached_prompt_tokens"]}), output {t["output_tokens"]}</div>{error}</li>')
+    return "\n".join(items) or "<li>no turns</li>"
+
+
+def _router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/dashboard", response_class=HTMLResponse)
+    async def calls_page(request: Request, range: Literal["1h", "24h", "7d", "30d", "all"] = "24h",  # noqa: A002
+                         transport: str = "", limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> HTMLResponse:
+        store = call_store(request)
+        window = RANGES[range]
+        since = time.time() - window if window is not None else None
+        calls = await asyncio.to_thread(store.list_calls, since=since, transport=transport or None, limit=limit)
+        known = await asyncio.to_thread(store.transports)
+        token = request.query_params.get("token")
+        page = _template("calls.html").substitute(
+            token_field=f'<input type="hidden" name="token" value="{escape(token)}">' if token else "",
+            range_options=_options(list(RANGE_LABELS.items()), range),
+            transport_options=_options([("", "all"), *((t, t) for t in sorted({*known, transport} - {""}))],
+                                       transport),
+            limit=limit,
+            summary=escape(f"{len(calls)} call{'s' if len(calls) != 1 else ''} started {RANGE_LABELS[range]}"
+                           + (f" over {transport}" if transport else "")),
+            rows="\n".join(_call_row(c, request) for c in calls)
+            or '<tr><td colspan="9">no calls match</td></tr>')
+        return HTMLResponse(page)
+
+    @router.get("/dashboard/calls/{call_id}", response_class=HTMLResponse)
+    async def call_page(call_id: str, request: Request) -> HTMLResponse:
+        store = call_store(request)
+        call = await asyncio.to_thread(store.get_call, call_id)
+        if call is None:
+            raise HTTPException(404, f"no call {call_id!r} in the store")
+        if recording_path(request.app.state.settings, call_id) is not None:
+            src = _with_token(f"/api/calls/{quote(call_id, safe='')}/recording.wav", request)
+            player = (f'<audio class="recording" controls preload="metadata" src="{escape(src)}"></audio>'
+                      '<p class="hint">Left: the caller; right: the agent, as the caller heard it.</p>')
+        else:
+            player = '<p class="no-recording">This call was not recorded.</p>'
+        page = _template("call.html").substitute(
+            call_id=escape(call_id), back=escape(_with_token("/dashboard", request)), facts=_facts(call),
+            waterfall=waterfall_svg(call["turns"]), legend=legend_html(), player=player,
+            transcript=_transcript(call))
+        return HTMLResponse(page)
+
+    return router
