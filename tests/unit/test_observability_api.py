@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.observability_helpers import report_call
 from voicepipe.config import load_settings
 from voicepipe.pipeline.session import CallRecord, TurnRecord
 from voicepipe.server import create_app
@@ -27,16 +28,6 @@ def full_turn(n: int, at: float) -> TurnRecord:
     return TurnRecord(n, user_text=f"caller words {n}", agent_text=f"Agent reply number {n}. It goes on.",
                       prompt_tokens=100 + n, cached_prompt_tokens=90, output_tokens=12,
                       timings_ms={"voice_to_voice": v2v, "ttft": 100.0}, timeline=timeline)
-
-
-def feed(app, call: CallRecord, end: bool = True) -> None:
-    observers = app.state.observers
-    observers.call_started(call)
-    for turn in call.turns:
-        observers.turn_finished(call, turn)
-    if end:
-        call.ended, call.end_reason, call.outcome = call.started + 20, "stop", "completed"
-        observers.call_ended(call)
 
 
 def make_app(tmp_path: Path, **observability):
@@ -56,11 +47,11 @@ def served(tmp_path: Path):
         call.turns = [full_turn(n, n * 10.0) for n in (1, 2, 3)]
         call.turns[1].interrupted, call.turns[1].heard_text = True, "Agent reply"
         call.barge_ins = 1
-        feed(app, call)
+        report_call(app.state.observers, call)
         other = CallRecord("call-2", "native", started=time.time() - 3 * 86400)
         other.turns = [TurnRecord(1, "hello", "hi", timings_ms={"voice_to_voice": 900.0, "response": 700.0,
                                                                 "stt_final": 50.0, "ttft": 300.0})]
-        feed(app, other)
+        report_call(app.state.observers, other)
         yield client, app
 
 
@@ -168,7 +159,7 @@ def test_auth_token_guards_the_api_and_pages_and_pages_carry_it(tmp_path: Path) 
     settings = load_settings(overrides={"paths": {"data_dir": str(tmp_path)}, "calls": {"auth_token": "s3cret"}})
     app = create_app(settings, load_models=False)
     with TestClient(app) as client:
-        feed(app, CallRecord("call-1", "twilio", turns=[full_turn(1, 1.0)]))
+        report_call(app.state.observers, CallRecord("call-1", "twilio", turns=[full_turn(1, 1.0)]))
         for url in ("/api/calls", "/api/calls/call-1", "/dashboard", "/dashboard/calls/call-1"):
             assert client.get(url).status_code == 401, url
             assert client.get(url, params={"token": "wrong"}).status_code == 401, url
@@ -192,7 +183,7 @@ def test_odd_stored_values_do_not_break_the_pages(served) -> None:
     odd.turns = [TurnRecord(1, "<i>", "x", timings_ms={"voice_to_voice": float("nan")},
                             timeline={"speech_end": "soon", "first_token": None}),
                  TurnRecord(2, "", "", timeline={"speech_end": 2.0, "end_of_turn": 1.0})]  # out of order
-    feed(app, odd)
+    report_call(app.state.observers, odd)
     page = client.get("/dashboard/calls/odd%20%3Cb%3E%26")
     assert page.status_code == 200
     assert "<script>" not in page.text and "odd &lt;b&gt;&amp;" in page.text

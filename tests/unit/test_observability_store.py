@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.observability_helpers import report_call
 from voicepipe.observability.store import CallStore, connect
 from voicepipe.observability.store_schema import MIGRATIONS, SchemaError, migrate, schema_version
 from voicepipe.pipeline.session import CallRecord, TurnRecord
@@ -23,15 +24,6 @@ def make_call(call_id: str, transport: str = "twilio", started: float | None = N
                                      timings_ms={"voice_to_voice": ms, "ttft": 40.0},
                                      timeline={"speech_end": n * 5.0, "first_audio_sent": n * 5.0 + ms / 1000}))
     return call
-
-
-def store_call(store: CallStore, call: CallRecord, end: bool = True) -> None:
-    store.call_started(call)
-    for turn in call.turns:
-        store.turn_finished(call, turn)
-    if end:
-        call.ended, call.end_reason, call.outcome = call.started + 30, "stop", "completed"
-        store.call_ended(call)
 
 
 def committed_rows(path: Path, table: str) -> int:
@@ -77,7 +69,7 @@ def test_migrations_apply_in_order_keep_data_and_roll_back_whole(tmp_path: Path)
 
 def test_the_store_survives_a_restart(db: Path) -> None:
     store = CallStore(db)
-    store_call(store, make_call("c-1", metadata={"from": "+15550100"}, v2v=[500.0, 700.0], barge_ins=1))
+    report_call(store, make_call("c-1", metadata={"from": "+15550100"}, v2v=[500.0, 700.0], barge_ins=1))
     store.close()
 
     store = CallStore(db)
@@ -95,7 +87,7 @@ def test_the_store_survives_a_restart(db: Path) -> None:
 def test_writes_are_batched_and_committed_within_the_flush_interval(db: Path) -> None:
     store = CallStore(db, flush_interval_s=1.0)
     started = time.monotonic()
-    store_call(store, make_call("c-1", v2v=[float(ms) for ms in range(100, 4100, 100)]), end=False)
+    report_call(store, make_call("c-1", v2v=[float(ms) for ms in range(100, 4100, 100)]), end=False)
     if time.monotonic() - started < 0.5:  # (the machine was not stalled) nothing is committed before the interval
         assert committed_rows(db, "turns") == 0
     deadline = time.monotonic() + 3.0
@@ -108,7 +100,7 @@ def test_writes_are_batched_and_committed_within_the_flush_interval(db: Path) ->
 
 def test_close_commits_what_is_queued(db: Path) -> None:
     store = CallStore(db, flush_interval_s=1.0)
-    store_call(store, make_call("c-1", v2v=[300.0]))
+    report_call(store, make_call("c-1", v2v=[300.0]))
     store.close()  # well before the interval ends
     assert committed_rows(db, "calls") == 1 and committed_rows(db, "turns") == 1
 
@@ -116,7 +108,7 @@ def test_close_commits_what_is_queued(db: Path) -> None:
 def test_a_failing_write_is_skipped_and_the_writer_carries_on(db: Path) -> None:
     store = CallStore(db)
     store.writer.put("INSERT INTO no_such_table VALUES (:x)", {"x": 1})
-    store_call(store, make_call("c-1", metadata={"odd": object()}))  # metadata that is not JSON is kept as text
+    report_call(store, make_call("c-1", metadata={"odd": object()}))  # metadata that is not JSON is kept as text
     assert store.get_call("c-1") is not None
     store.close()
 
@@ -129,7 +121,7 @@ def test_call_ended_stores_turns_that_were_never_reported_and_a_reused_id_starts
     call.outcome = "dropped"
     store.call_ended(call)
     assert [t["turn"] for t in store.get_call("c-1")["turns"]] == [1, 2, 3]
-    store_call(store, make_call("c-1", transport="native", v2v=[900.0]))
+    report_call(store, make_call("c-1", transport="native", v2v=[900.0]))
     again = store.get_call("c-1")
     assert again["transport"] == "native" and [t["voice_to_voice_ms"] for t in again["turns"]] == [900.0]
     store.close()
@@ -138,8 +130,8 @@ def test_call_ended_stores_turns_that_were_never_reported_and_a_reused_id_starts
 def test_retention_deletes_old_calls_and_their_turns_at_open(db: Path) -> None:
     now = time.time()
     store = CallStore(db, retention_days=30)
-    store_call(store, make_call("old", started=now - 3 * 86400, v2v=[100.0, 200.0]))
-    store_call(store, make_call("new", started=now - 3600, v2v=[300.0]))
+    report_call(store, make_call("old", started=now - 3 * 86400, v2v=[100.0, 200.0]))
+    report_call(store, make_call("new", started=now - 3600, v2v=[300.0]))
     store.close()
 
     store = CallStore(db, retention_days=2)
@@ -150,8 +142,8 @@ def test_retention_deletes_old_calls_and_their_turns_at_open(db: Path) -> None:
 
 def test_retention_also_runs_periodically(db: Path) -> None:
     store = CallStore(db, retention_days=1, prune_every_s=0.2)
-    store_call(store, make_call("old", started=time.time() - 2 * 86400, v2v=[100.0]))  # written after the open
-    store_call(store, make_call("new", v2v=[100.0]))
+    report_call(store, make_call("old", started=time.time() - 2 * 86400, v2v=[100.0]))  # written after the open
+    report_call(store, make_call("new", v2v=[100.0]))
     deadline = time.monotonic() + 5.0
     while len(store.list_calls()) > 1 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -162,10 +154,10 @@ def test_retention_also_runs_periodically(db: Path) -> None:
 def test_list_filters_by_time_and_transport_and_gives_percentiles(db: Path) -> None:
     store = CallStore(db)
     t0 = time.time() - 1000
-    store_call(store, make_call("a", "twilio", t0, v2v=[100.0, 200.0, 300.0, 400.0]))
-    store_call(store, make_call("b", "native", t0 + 100, v2v=[1000.0]))
-    store_call(store, make_call("c", "twilio", t0 + 200))  # no turns
-    store_call(store, make_call("d", "twilio", t0 + 300, v2v=[50.0]), end=False)  # live
+    report_call(store, make_call("a", "twilio", t0, v2v=[100.0, 200.0, 300.0, 400.0]))
+    report_call(store, make_call("b", "native", t0 + 100, v2v=[1000.0]))
+    report_call(store, make_call("c", "twilio", t0 + 200))  # no turns
+    report_call(store, make_call("d", "twilio", t0 + 300, v2v=[50.0]), end=False)  # live
 
     assert [c["id"] for c in store.list_calls()] == ["d", "c", "b", "a"]
     assert [c["id"] for c in store.list_calls(transport="twilio")] == ["d", "c", "a"]
