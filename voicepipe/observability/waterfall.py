@@ -96,7 +96,7 @@ def _tick_step(span_ms: float) -> float:
 
 def waterfall_svg(turns: list[dict[str, Any]], width: int = 960) -> str:
     """One row per turn, the stages stacked along a shared ms axis; hover a bar for its stage and duration."""
-    label_w, row_h, bar_h, top, right = 120, 24, 16, 24, 20
+    label_w, row_h, bar_h, top, right = 120, 24, 16, 24, 40
     rows = [(t, turn_stages(t)) for t in turns]
     span = max([s.end_ms for _, segs in rows for s in segs] + [_number(t.get("voice_to_voice_ms")) or 0.0
                                                                for t, _ in rows] + [1.0])

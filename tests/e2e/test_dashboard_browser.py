@@ -1,0 +1,106 @@
+"""The dashboard in headless Chromium after a real call: a two-turn call over the Twilio transport against the
+real app (real models) with its call store in a temporary directory, then the call list, the call page's
+waterfall, and a check that the pages asked nothing of any host but the server.
+
+The screenshot of the call page lands in reports/dashboard/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.browser_helpers import chromium
+from tests.e2e.test_call_transports import speak
+from tests.net_helpers import in_process_server
+from voicepipe.config import load_settings
+from voicepipe.transports.client import run_call
+
+pytestmark = pytest.mark.e2e
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports" / "dashboard"
+TURNS = ["I want to book a table for dinner.", "What is the capital of France?"]
+
+
+@pytest.fixture(scope="module")
+def called(tmp_path_factory):
+    """The server, and the stored record of one finished two-turn Twilio call."""
+    tmp = tmp_path_factory.mktemp("dashboard")
+    settings = load_settings(overrides={
+        "paths": {"data_dir": str(tmp / "data"), "recordings_dir": str(tmp / "recordings")},
+        "calls": {"max_reply_tokens": 16, "greeting": "Hi, how can I help?", "temperature": 0.0},
+        "llm": {"kv_cache_mib": 64},
+    })
+    with in_process_server(settings) as (base, app):
+        utts = [speak(text, tmp) for text in TURNS]
+        result = asyncio.run(run_call(f"{base.replace('http://', 'ws://')}/ws/twilio", "twilio", utts,
+                                      quiet_s=0.6, record_url=base))
+        call_id = result.record["call_id"]
+        deadline = time.monotonic() + 15
+        while True:  # the store has the call once the server has ended it
+            stored = httpx.get(f"{base}/api/calls/{call_id}", timeout=10)
+            if stored.status_code == 200 and stored.json()["outcome"] is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert stored.status_code == 200, stored.text
+        yield base, stored.json()
+
+
+def test_the_store_holds_the_call_and_its_turns(called) -> None:
+    _, call = called
+    assert call["transport"] == "twilio" and call["outcome"] == "completed"
+    assert call["ended"] > call["started"]
+    assert [t["turn"] for t in call["turns"]] == [1, 2]
+    assert "dinner" in call["turns"][0]["user_text"].lower() and "france" in call["turns"][1]["user_text"].lower()
+    for turn in call["turns"]:
+        assert turn["agent_text"].strip() and turn["prompt_tokens"] > 0
+        assert 0 < turn["voice_to_voice_ms"] < 20000
+    assert call["voice_to_voice_ms"]["p50"] is not None
+
+
+def test_the_dashboard_in_headless_chromium(called) -> None:
+    base, call = called
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    requested: list[str] = []
+    with chromium() as browser:
+        page = browser.new_page()
+        page.on("request", lambda request: requested.append(request.url))
+
+        page.goto(f"{base}/dashboard")
+        row = page.locator(f'tr.call[data-call-id="{call["id"]}"]')
+        assert row.count() == 1, "the call list does not show the call"
+        assert row.locator("td.p50").inner_text().endswith(" ms")
+        assert row.locator("td.p95").inner_text().endswith(" ms")
+        page.select_option("select[name=transport]", "twilio")  # the filter form keeps the call
+        page.click("form.filters button")
+        page.wait_for_load_state()
+        assert "transport=twilio" in page.url and row.count() == 1
+
+        row.locator("a").click()
+        page.wait_for_load_state()
+        assert page.url.startswith(f"{base}/dashboard/calls/")
+        groups = page.locator("svg.waterfall g.turn")
+        assert groups.count() == len(call["turns"]), "not one bar group per turn"
+        for i, turn in enumerate(call["turns"]):
+            group = groups.nth(i)
+            assert group.get_attribute("data-turn") == str(turn["turn"])
+            stages = group.locator("rect.stage")
+            names = [stages.nth(j).get_attribute("data-stage") for j in range(stages.count())]
+            assert {"stt", "prefill"} <= set(names), names
+            total = sum(float(stages.nth(j).get_attribute("data-ms")) for j in range(stages.count()))
+            assert 0.8 * turn["voice_to_voice_ms"] <= total <= turn["voice_to_voice_ms"] + 1, (total, turn)
+            box = stages.first.bounding_box()
+            assert box is not None and box["width"] > 0 and box["height"] > 0, "a bar is not drawn"
+        assert page.locator(".legend li").count() >= 5
+        assert "france" in page.locator(".transcript").inner_text().lower()
+        fill = page.eval_on_selector("rect.stage-prefill", "r => getComputedStyle(r).fill")
+        assert fill not in ("", "none", "rgb(0, 0, 0)"), "the local stylesheet did not load"
+        page.screenshot(path=str(REPORTS / "call.png"), full_page=True)
+
+    assert requested, "no requests were recorded"
+    foreign = [url for url in requested if not url.startswith(f"{base}/")]
+    assert not foreign, f"the pages asked other hosts: {foreign}"
