@@ -1,6 +1,7 @@
-"""The dashboard in headless Chromium after a real call: a two-turn call over the Twilio transport against the
-real app (real models) with its call store in a temporary directory, then the call list, the call page's
-waterfall, and a check that the pages asked nothing of any host but the server.
+"""The call store and the dashboard after a real call: a recorded two-turn call over the Twilio transport against
+the real app (real models), its store and recordings in a temporary directory; then, in headless Chromium, the
+call list, the call page's waterfall and recording player, and a check that the pages asked nothing of any host
+but the server.
 
 The screenshot of the call page lands in reports/dashboard/ (git-ignored).
 """
@@ -24,6 +25,10 @@ pytestmark = pytest.mark.e2e
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports" / "dashboard"
 TURNS = ["I want to book a table for dinner.", "What is the capital of France?"]
+# The timeline events of an uninterrupted turn, in the order they must happen (first_partial may come while the
+# caller still speaks, so it is checked apart).
+IN_ORDER = ["speech_start", "speech_end", "end_of_turn", "final_transcript", "llm_queued", "prefill_start",
+            "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end"]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +37,7 @@ def called(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     settings = load_settings(overrides={
         "paths": {"data_dir": str(tmp / "data"), "recordings_dir": str(tmp / "recordings")},
+        "observability": {"record_calls": True},
         "calls": {"max_reply_tokens": 16, "greeting": "Hi, how can I help?", "temperature": 0.0},
         "llm": {"kv_cache_mib": 64},
     })
@@ -59,7 +65,15 @@ def test_the_store_holds_the_call_and_its_turns(called) -> None:
     for turn in call["turns"]:
         assert turn["agent_text"].strip() and turn["prompt_tokens"] > 0
         assert 0 < turn["voice_to_voice_ms"] < 20000
+        timeline = turn["timeline"]
+        assert set(IN_ORDER) <= set(timeline), sorted(set(IN_ORDER) - set(timeline))
+        times = [timeline[key] for key in IN_ORDER]
+        assert times == sorted(times), dict(zip(IN_ORDER, times, strict=True))
+        assert timeline["speech_start"] <= timeline["first_partial"] <= timeline["final_transcript"]
+        v2v = (timeline["first_audio_sent"] - timeline["speech_end"]) * 1000
+        assert turn["voice_to_voice_ms"] == pytest.approx(v2v, abs=1)
     assert call["voice_to_voice_ms"]["p50"] is not None
+    assert call["recording"] is True
 
 
 def test_the_dashboard_in_headless_chromium(called) -> None:
@@ -90,13 +104,16 @@ def test_the_dashboard_in_headless_chromium(called) -> None:
             assert group.get_attribute("data-turn") == str(turn["turn"])
             stages = group.locator("rect.stage")
             names = [stages.nth(j).get_attribute("data-stage") for j in range(stages.count())]
-            assert {"stt", "prefill"} <= set(names), names
+            assert names == ["end_of_turn", "stt", "queue", "prefill", "first_clause", "tts", "send"], names
             total = sum(float(stages.nth(j).get_attribute("data-ms")) for j in range(stages.count()))
             assert 0.8 * turn["voice_to_voice_ms"] <= total <= turn["voice_to_voice_ms"] + 1, (total, turn)
             box = stages.first.bounding_box()
             assert box is not None and box["width"] > 0 and box["height"] > 0, "a bar is not drawn"
         assert page.locator(".legend li").count() >= 5
         assert "france" in page.locator(".transcript").inner_text().lower()
+        duration = page.eval_on_selector("audio.recording", """a => a.readyState >= 1 ? a.duration :
+            new Promise(done => { a.onloadedmetadata = () => done(a.duration); a.onerror = () => done(-1); })""")
+        assert duration > 2.0, f"the recording did not load in the player (duration {duration})"
         fill = page.eval_on_selector("rect.stage-prefill", "r => getComputedStyle(r).fill")
         assert fill not in ("", "none", "rgb(0, 0, 0)"), "the local stylesheet did not load"
         page.screenshot(path=str(REPORTS / "call.png"), full_page=True)

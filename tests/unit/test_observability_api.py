@@ -13,21 +13,17 @@ from fastapi.testclient import TestClient
 
 from tests.observability_helpers import report_call
 from voicepipe.config import load_settings
+from voicepipe.observability.timeline import EVENTS, derive_timings
 from voicepipe.pipeline.session import CallRecord, TurnRecord
 from voicepipe.server import create_app
 
-TIMELINE_KEYS = ["speech_start", "speech_end", "end_of_turn", "first_partial", "final_transcript", "llm_queued",
-                 "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent",
-                 "playout_end"]
-
 
 def full_turn(n: int, at: float) -> TurnRecord:
-    """A turn whose timeline has every key, 0.1 s apart from `at`."""
-    timeline = {key: at + i * 0.1 for i, key in enumerate(TIMELINE_KEYS)}
-    v2v = (timeline["first_audio_sent"] - timeline["speech_end"]) * 1000
+    """A turn whose timeline has every event, 0.1 s apart from `at`, and the figures derived from it."""
+    timeline = {key: at + i * 0.1 for i, key in enumerate(EVENTS)}
     return TurnRecord(n, user_text=f"caller words {n}", agent_text=f"Agent reply number {n}. It goes on.",
                       prompt_tokens=100 + n, cached_prompt_tokens=90, output_tokens=12,
-                      timings_ms={"voice_to_voice": v2v, "ttft": 100.0}, timeline=timeline)
+                      timings_ms=derive_timings(timeline), timeline=timeline)
 
 
 def make_app(tmp_path: Path, **observability):
@@ -72,7 +68,7 @@ def test_api_lists_and_gets_calls(served) -> None:
     call = client.get("/api/calls/call-1").json()
     assert [t["turn"] for t in call["turns"]] == [1, 2, 3]
     assert call["turns"][1]["interrupted"] is True and call["turns"][1]["heard_text"] == "Agent reply"
-    assert set(call["turns"][0]["timeline"]) == set(TIMELINE_KEYS)
+    assert set(call["turns"][0]["timeline"]) == set(EVENTS)
     assert call["metadata"] == {"from": "+15550100"} and call["recording"] is False
 
 

@@ -14,6 +14,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 
 from voicepipe.config import Settings
+from voicepipe.observability.recorder import recording_dir
 from voicepipe.observability.store import CallStore
 from voicepipe.transports.gateway import _check_http_token as check_http_token
 
@@ -62,10 +63,8 @@ def call_store(request: Request) -> CallStore:
 
 
 def recording_path(settings: Settings, call_id: str) -> Path | None:
-    """The call's stereo WAV if it was recorded (`paths.recordings_dir / <id> / call.wav`)."""
-    if not call_id or call_id in (".", "..") or any(c in call_id for c in "/\\\0"):
-        return None
-    path = settings.paths.recordings_dir / call_id / "call.wav"
+    """The call's stereo WAV if it was recorded (where the recorder puts it: the id made a safe name)."""
+    path = recording_dir(settings.paths.recordings_dir, call_id) / "call.wav"
     return path if path.is_file() else None
 
 

@@ -73,8 +73,8 @@ def _from_figures(ms: dict[str, Any]) -> list[Segment]:
          if "voice_to_voice" in figure and "response" in figure else None),
         ("stt", figure.get("stt_final")),
         ("queue", figure.get("queue")),
-        ("prefill", figure.get("ttft")),
-        ("first_clause", figure["first_clause"] - sum(figure.get(k, 0.0) for k in ("stt_final", "queue", "ttft"))
+        ("prefill", figure["ttft"] - figure.get("queue", 0.0) if "ttft" in figure else None),  # ttft holds the queue
+        ("first_clause", figure["first_clause"] - figure.get("stt_final", 0.0) - figure.get("ttft", 0.0)
          if "first_clause" in figure else None),
         ("tts", figure.get("tts_first_audio")),
         ("send", figure.get("send_delay")),

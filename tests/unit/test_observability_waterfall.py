@@ -1,0 +1,43 @@
+"""The waterfall's stages: from a turn's timeline, and from its derived figures when it has no timeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from voicepipe.observability.timeline import EVENTS, derive_timings
+from voicepipe.observability.waterfall import STAGES, turn_stages, waterfall_svg
+
+# A plausible turn: seconds since the call started for each event, in order.
+TIMELINE = dict(zip(EVENTS, [3.0, 4.2, 4.36, 3.5, 4.40, 4.40, 4.43, 4.61, 4.85, 4.97, 4.98, 7.5], strict=True))
+
+
+def test_stages_from_a_timeline_start_at_the_speech_end_and_follow_the_pipeline() -> None:
+    segments = turn_stages({"timeline": TIMELINE, "timings_ms": {}})
+    assert [s.stage for s in segments] == [key for key, *_ in STAGES]
+    widths = {s.stage: round(s.ms) for s in segments}
+    assert widths == {"end_of_turn": 160, "stt": 40, "queue": 30, "prefill": 180, "first_clause": 240,
+                      "tts": 120, "send": 10}
+    assert segments[0].start_ms == 0 and segments[-1].end_ms == pytest.approx(780)  # = voice-to-voice
+
+
+def test_the_figures_alone_give_the_same_stages() -> None:
+    from_figures = turn_stages({"timeline": {}, "timings_ms": derive_timings(TIMELINE)})
+    from_timeline = turn_stages({"timeline": TIMELINE, "timings_ms": {}})
+    assert [(s.stage, round(s.ms)) for s in from_figures] == [(s.stage, round(s.ms)) for s in from_timeline]
+
+
+def test_missing_events_leave_their_stage_out_and_the_next_starts_where_the_last_ended() -> None:
+    partial = {k: v for k, v in TIMELINE.items() if k not in ("llm_queued", "prefill_start", "first_audio_synth")}
+    segments = turn_stages({"timeline": partial, "timings_ms": {}})
+    assert [s.stage for s in segments] == ["end_of_turn", "stt", "prefill", "first_clause", "send"]
+    prefill = segments[2]
+    assert prefill.start_ms == pytest.approx(200) and prefill.end_ms == pytest.approx(410)  # from final_transcript
+
+
+def test_one_bar_group_per_turn_on_one_scale() -> None:
+    turns = [{"turn": n, "timeline": {k: v + n * 10 for k, v in TIMELINE.items()}, "timings_ms": {},
+              "voice_to_voice_ms": 780.0, "interrupted": n == 2} for n in (1, 2, 3)]
+    turns.append({"turn": 4, "timeline": {}, "timings_ms": {}, "voice_to_voice_ms": None})
+    svg = waterfall_svg(turns)
+    assert svg.count('<g class="turn') == 4 and '<g class="turn interrupted" data-turn="2">' in svg
+    assert svg.count('data-stage="prefill"') == 3 and "no timings" in svg
