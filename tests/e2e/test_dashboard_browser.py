@@ -9,13 +9,16 @@ The screenshot of the call page lands in reports/dashboard/ (git-ignored).
 from __future__ import annotations
 
 import asyncio
+import io
 import time
+import wave
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.browser_helpers import chromium
+from tests.e2e.test_call_bad_input import vanish_mid_reply
 from tests.e2e.test_call_transports import speak
 from tests.net_helpers import in_process_server
 from voicepipe.config import load_settings
@@ -32,8 +35,8 @@ IN_ORDER = ["speech_start", "speech_end", "end_of_turn", "final_transcript", "ll
 
 
 @pytest.fixture(scope="module")
-def called(tmp_path_factory):
-    """The server, and the stored record of one finished two-turn Twilio call."""
+def server(tmp_path_factory):
+    """The real app, recording every call, with its store and recordings in a temporary directory."""
     tmp = tmp_path_factory.mktemp("dashboard")
     settings = load_settings(overrides={
         "paths": {"data_dir": str(tmp / "data"), "recordings_dir": str(tmp / "recordings")},
@@ -42,18 +45,30 @@ def called(tmp_path_factory):
         "llm": {"kv_cache_mib": 64},
     })
     with in_process_server(settings) as (base, app):
-        utts = [speak(text, tmp) for text in TURNS]
-        result = asyncio.run(run_call(f"{base.replace('http://', 'ws://')}/ws/twilio", "twilio", utts,
-                                      quiet_s=0.6, record_url=base))
-        call_id = result.record["call_id"]
-        deadline = time.monotonic() + 15
-        while True:  # the store has the call once the server has ended it
-            stored = httpx.get(f"{base}/api/calls/{call_id}", timeout=10)
-            if stored.status_code == 200 and stored.json()["outcome"] is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert stored.status_code == 200, stored.text
-        yield base, stored.json()
+        yield base, app, tmp
+
+
+def stored_call(base: str, call_id: str, timeout: float = 15.0) -> dict:
+    """The call from /api/calls/{id} once the server has ended it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = httpx.get(f"{base}/api/calls/{call_id}", timeout=10)
+        if response.status_code == 200 and response.json()["outcome"] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert response.status_code == 200, response.text
+    assert response.json()["outcome"] is not None, "the call never ended in the store"
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def called(server):
+    """The server's base URL, and the stored record of one finished two-turn Twilio call."""
+    base, _, tmp = server
+    utts = [speak(text, tmp) for text in TURNS]
+    result = asyncio.run(run_call(f"{base.replace('http://', 'ws://')}/ws/twilio", "twilio", utts, quiet_s=0.6,
+                                  record_url=base))
+    return base, stored_call(base, result.record["call_id"])
 
 
 def test_the_store_holds_the_call_and_its_turns(called) -> None:
@@ -63,7 +78,7 @@ def test_the_store_holds_the_call_and_its_turns(called) -> None:
     assert [t["turn"] for t in call["turns"]] == [1, 2]
     assert "dinner" in call["turns"][0]["user_text"].lower() and "france" in call["turns"][1]["user_text"].lower()
     for turn in call["turns"]:
-        assert turn["agent_text"].strip() and turn["prompt_tokens"] > 0
+        assert turn["agent_text"].strip() and turn["prompt_tokens"] > 0, turn
         assert 0 < turn["voice_to_voice_ms"] < 20000
         timeline = turn["timeline"]
         assert set(IN_ORDER) <= set(timeline), sorted(set(IN_ORDER) - set(timeline))
@@ -121,3 +136,19 @@ def test_the_dashboard_in_headless_chromium(called) -> None:
     assert requested, "no requests were recorded"
     foreign = [url for url in requested if not url.startswith(f"{base}/")]
     assert not foreign, f"the pages asked other hosts: {foreign}"
+
+
+def test_a_call_whose_client_vanishes_mid_reply_is_stored_as_dropped(server) -> None:
+    base, app, tmp = server
+    asyncio.run(vanish_mid_reply(base.replace("http://", "ws://"), "twilio", app, speak(TURNS[0], tmp)))
+    vanished = [c for c in httpx.get(f"{base}/api/calls", params={"transport": "twilio"}).json()["calls"]
+                if c["id"].startswith("vanish-twilio-")]
+    assert len(vanished) == 1, vanished
+    call = stored_call(base, vanished[0]["id"])
+    assert call["outcome"] == "dropped" and call["end_reason"] == "disconnected"
+    assert call["ended"] >= call["started"]
+    assert [t["turn"] for t in call["turns"]] == [1] and "dinner" in call["turns"][0]["user_text"].lower()
+    recording = httpx.get(f"{base}/api/calls/{call['id']}/recording.wav", timeout=10)
+    assert recording.status_code == 200
+    with wave.open(io.BytesIO(recording.content)) as wav:
+        assert wav.getnchannels() == 2 and wav.getnframes() > wav.getframerate()  # more than a second
