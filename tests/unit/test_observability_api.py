@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 import wave
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,14 @@ def test_the_call_list_page_shows_calls_and_filters(served) -> None:
     page = client.get("/dashboard", params={"range": "all", "transport": "native"}).text
     assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-2"]
     assert client.get("/dashboard", params={"range": "forever"}).status_code == 400
+    two_days_ago = datetime.fromtimestamp(time.time() - 2 * 86400, UTC).strftime("%Y-%m-%dT%H:%M")
+    page = client.get("/dashboard", params={"to": two_days_ago, "range": "all"}).text
+    assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-2"]
+    assert f'name="to" type="datetime-local" value="{two_days_ago}"' in page
+    page = client.get("/dashboard", params={"from": two_days_ago}).text
+    assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-1"]
+    bad = client.get("/dashboard", params={"from": "last tuesday"})
+    assert bad.status_code == 400 and "from: expected a UTC date and time" in bad.json()["detail"]
 
 
 def test_the_call_page_draws_one_bar_group_per_turn(served) -> None:

@@ -108,6 +108,7 @@ def test_close_commits_what_is_queued(db: Path) -> None:
 def test_a_failing_write_is_skipped_and_the_writer_carries_on(db: Path) -> None:
     store = CallStore(db)
     store.writer.put("INSERT INTO no_such_table VALUES (:x)", {"x": 1})
+    store.writer.put("INSERT INTO calls (id, transport, started) VALUES (:id, 'x', 0)", {"id": object()})
     report_call(store, make_call("c-1", metadata={"odd": object()}))  # metadata that is not JSON is kept as text
     assert store.get_call("c-1") is not None
     store.close()

@@ -46,6 +46,15 @@ def _utc(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S") if ts is not None else "–"
 
 
+def _parse_utc(name: str, value: str) -> float:
+    """A `datetime-local` value (YYYY-MM-DDTHH:MM[:SS]) read as UTC, in unix seconds; 400 when it is not one."""
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise HTTPException(400, f"{name}: expected a UTC date and time like 2026-01-31T18:00, got {value!r}") from None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
+
+
 def _ms(value: float | None) -> str:
     return f"{value:.0f} ms" if value is not None else "–"
 
@@ -132,20 +141,26 @@ def _router() -> APIRouter:
 
     @router.get("/dashboard", response_class=HTMLResponse)
     async def calls_page(request: Request, range: Literal["1h", "24h", "7d", "30d", "all"] = "24h",  # noqa: A002
+                         start: str = Query("", alias="from"), end: str = Query("", alias="to"),
                          transport: str = "", limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> HTMLResponse:
         store = call_store(request)
         window = RANGES[range]
-        since = time.time() - window if window is not None else None
-        calls = await asyncio.to_thread(store.list_calls, since=since, transport=transport or None, limit=limit)
+        since = _parse_utc("from", start) if start else time.time() - window if window is not None else None
+        until = _parse_utc("to", end) if end else None
+        calls = await asyncio.to_thread(store.list_calls, since=since, until=until, transport=transport or None,
+                                        limit=limit)
         known = await asyncio.to_thread(store.transports)
         token = request.query_params.get("token")
+        when = RANGE_LABELS[range] if not start else f"from {_utc(since)}"
+        when += f" until {_utc(until)}" if until is not None else ""
         page = _template("calls.html").substitute(
             token_field=f'<input type="hidden" name="token" value="{escape(token)}">' if token else "",
             range_options=_options(list(RANGE_LABELS.items()), range),
+            start=escape(start), end=escape(end),
             transport_options=_options([("", "all"), *((t, t) for t in sorted({*known, transport} - {""}))],
                                        transport),
             limit=limit,
-            summary=escape(f"{len(calls)} call{'s' if len(calls) != 1 else ''} started {RANGE_LABELS[range]}"
+            summary=escape(f"{len(calls)} call{'s' if len(calls) != 1 else ''} started {when}"
                            + (f" over {transport}" if transport else "")),
             rows="\n".join(_call_row(c, request) for c in calls)
             or '<tr><td colspan="9">no calls match</td></tr>')

@@ -112,7 +112,7 @@ class StoreWriter:
                 self._conn.execute("BEGIN")
             self._conn.execute(sql, params)
             self.statements += 1
-        except sqlite3.Error as exc:
+        except Exception as exc:  # sqlite errors, and values sqlite cannot bind: skip this one, keep the thread
             log.error("call store write failed (%s): %s", sql.split("(")[0].strip(), exc)
 
     def _commit(self) -> None:
