@@ -41,3 +41,14 @@ def test_one_bar_group_per_turn_on_one_scale() -> None:
     svg = waterfall_svg(turns)
     assert svg.count('<g class="turn') == 4 and '<g class="turn interrupted" data-turn="2">' in svg
     assert svg.count('data-stage="prefill"') == 3 and "no timings" in svg
+
+
+def test_thirty_turns_with_flat_ttft_draw_thirty_aligned_bars_of_one_width() -> None:
+    import re
+
+    turns = [{"turn": n, "timeline": {k: v + n * 20 for k, v in TIMELINE.items()}, "timings_ms": {},
+              "voice_to_voice_ms": 780.0} for n in range(1, 31)]
+    svg = waterfall_svg(turns)
+    assert svg.count('<g class="turn"') == 30
+    prefill = re.findall(r'data-stage="prefill" data-ms="[\d.]+" x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', svg)
+    assert len(prefill) == 30 and len(set(prefill)) == 1, set(prefill)  # same start, same width on every row
