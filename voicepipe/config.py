@@ -121,6 +121,14 @@ class LLMSettings(Section):
     default_max_tokens: int = Field(256, ge=0)
 
 
+class IceServer(Section):
+    """One STUN/TURN server for WebRTC calls, as in the browser's `RTCIceServer`."""
+
+    urls: list[str] = Field(min_length=1)  # e.g. ["stun:stun.example.org:3478"] or ["turn:turn.example.org"]
+    username: str | None = None
+    credential: SecretStr | None = None
+
+
 class CallSettings(Section):
     """Per-call pipeline defaults (a call's start message may override the prompt and the greeting)."""
 
@@ -135,6 +143,8 @@ class CallSettings(Section):
     auth_token: SecretStr | None = None  # shared secret for /ws*: header, ?token=, or Telnyx's auth header
     allow_overrides: bool = True  # the start message may set system_prompt / greeting
     audiosocket_port: int | None = Field(None, ge=0, le=65535)  # Asterisk AudioSocket TCP listener (None: off)
+    # WebRTC (/webrtc/offer and the softphone): none by default, so nothing reaches out past loopback/LAN
+    ice_servers: list[IceServer] = Field(default_factory=list)
 
 
 class ObservabilitySettings(Section):
