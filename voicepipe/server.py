@@ -19,6 +19,8 @@ from voicepipe.observability.hooks import Observers
 from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
+from voicepipe.transports.webrtc import create_webrtc_router
+from voicepipe.web import mount_softphone
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     app.include_router(create_openai_router(app))
     app.include_router(create_calls_api_router())
     install_dashboard(app)
+    app.include_router(create_webrtc_router(app))
+    mount_softphone(app)
 
     @app.get("/health")
     async def health() -> dict:
