@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 FRAME_S = 0.02
 RECORD_RATE = 16000
-TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native", "audiosocket")
+TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native", "audiosocket", "webrtc")
 
 
 # -- utterances --------------------------------------------------------------------------------------------
@@ -430,9 +430,42 @@ class _TCPConnection:
             yield data
 
 
+class WebRtcWire(NativeWire):
+    """A WebRTC call: 48 kHz mono PCM frames on the peer's audio tracks, the native protocol's events on its
+    data channel (the signalling happens when the link opens, so there is no start message).
+
+    The server's track never stops sending: frames of silence are not agent audio, except the short gaps
+    inside a reply (up to `HANGOVER_S` after the last loud frame), which stay in the recording."""
+
+    rate = 48000
+    SILENCE_PEAK = 64  # int16 peak below which a received frame is silence
+    HANGOVER_S = 0.3
+
+    def __init__(self, call_id: str, params: dict[str, Any]) -> None:
+        super().__init__(call_id, params)
+        self._quiet = None  # samples of silence since the last loud frame (None: no agent audio yet)
+
+    def start(self) -> list:
+        return []
+
+    def audio(self, pcm16: np.ndarray) -> list:
+        return [pcm16]
+
+    def parse(self, frame) -> list[tuple[str, Any]]:
+        if isinstance(frame, str):
+            return [("event", json.loads(frame))]
+        if len(frame) and int(np.abs(frame.astype(np.int32)).max()) > self.SILENCE_PEAK:
+            self._quiet = 0
+            return [("audio", frame)]
+        if self._quiet is None or self._quiet >= self.HANGOVER_S * self.rate:
+            return []
+        self._quiet += len(frame)
+        return [("audio", frame)]
+
+
 WIRES: dict[str, type[Wire]] = {"twilio": TwilioWire, "telnyx": TelnyxWire, "exotel": ExotelWire,
                                 "plivo": PlivoWire, "vonage": VonageWire, "native": NativeWire,
-                                "audiosocket": AudioSocketWire}
+                                "audiosocket": AudioSocketWire, "webrtc": WebRtcWire}
 
 
 def make_wire(transport: str, call_id: str, params: dict[str, Any], token: str | None = None) -> Wire:
@@ -675,6 +708,10 @@ async def run_call(
     result = CallResult(transport, call_id, started=time.monotonic())
     if transport == "audiosocket":
         link = _TCPConnection(url)
+    elif transport == "webrtc":
+        from voicepipe.transports.webrtc.client_link import PeerClient
+
+        link = PeerClient(url, call_id, wire.params, token)
     else:
         link = connect(url, additional_headers=headers, max_size=8 << 20, open_timeout=30)
     async with link as ws:
@@ -848,7 +885,7 @@ def endpoint_url(url: str, transport: str) -> str:
     parts = urlsplit(url)
     if parts.path not in ("", "/") or transport == "audiosocket":
         return url
-    path = "/ws" if transport == "native" else f"/ws/{transport}"
+    path = {"native": "/ws", "webrtc": "/webrtc/offer"}.get(transport, f"/ws/{transport}")
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 

@@ -1,0 +1,135 @@
+"""The caller's end of a WebRTC call, for `voicepipe call --transport webrtc`: an aiortc peer connection
+seen as the socket `run_call` drives (`send`, `async for`, `close_code`).
+
+Opening it does the signalling (offer with every ICE candidate, POST to `/webrtc/offer`, answer) and waits
+until the peer is connected. `send` feeds 20 ms PCM frames (48 kHz mono int16) to the outbound track, or
+text to the "events" data channel; iterating yields the agent's audio (mono int16 at 48 kHz, every frame
+the server sends, silence included) and the server's events (JSON text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+from voicepipe.transports.webrtc.media import FedTrack, drain
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 30.0
+HANGUP_WAIT_S = 2.0  # after a stop: how long to wait for the server to close the connection
+
+
+def offer_url(url: str) -> str:
+    """`url` (http(s):// or ws(s)://) as the offer endpoint: `/webrtc/offer` unless it names a path."""
+    parts = urlsplit(url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    path = parts.path if parts.path not in ("", "/") else "/webrtc/offer"
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+class PeerClient:
+    """One outgoing WebRTC call; an async context manager."""
+
+    def __init__(self, url: str, call_id: str, params: dict[str, Any], token: str | None = None) -> None:
+        self.url = offer_url(url)
+        self.call_id = call_id
+        self.params = params
+        self.token = token
+        self.close_code: int | None = None
+        self.close_reason: str | None = None
+        self.pc: RTCPeerConnection | None = None
+        self.track = FedTrack()
+        self.channel = None
+        self._inbox: asyncio.Queue[np.ndarray | str | None] = asyncio.Queue()
+        self._connected = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._drains: list[asyncio.Task] = []
+        self._stop_sent = False
+
+    async def __aenter__(self) -> PeerClient:
+        import httpx
+
+        pc = self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTrack(self.track)
+        self.channel = pc.createDataChannel("events")
+        self.channel.on("message", self._inbox.put_nowait)
+        pc.on("track", lambda track: self._drains.append(asyncio.ensure_future(drain(track, self._inbox.put_nowait))))
+        pc.on("connectionstatechange", self._on_state)
+        try:
+            await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers every candidate first
+            headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
+            body = {"sdp": pc.localDescription.sdp, "type": pc.localDescription.type, "call_id": self.call_id,
+                    **self.params}
+            async with httpx.AsyncClient(timeout=30) as http:
+                resp = await http.post(self.url, json=body, headers=headers)
+            if resp.status_code != 200:
+                raise ConnectionError(f"{self.url} refused the offer: {resp.status_code} {resp.text[:200]}")
+            answer = resp.json()
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+            await asyncio.wait_for(self._connected.wait(), CONNECT_TIMEOUT_S)
+            if pc.connectionState != "connected":
+                raise ConnectionError(f"the WebRTC connection to {self.url} {pc.connectionState}")
+        except BaseException:
+            await self._shutdown()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._stop_sent:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), HANGUP_WAIT_S)
+        await self._shutdown()
+
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            self._connected.set()
+        elif state in ("failed", "closed"):
+            if self.close_code is None:
+                self.close_code, self.close_reason = (1000, "closed") if state == "closed" else (1006, state)
+            self._closed.set()
+            self._connected.set()  # wakes a caller still waiting to connect; it checks the state
+            self._inbox.put_nowait(None)
+
+    async def send(self, frame: np.ndarray | str) -> None:
+        if self._closed.is_set():
+            raise ConnectionError("the call has ended")
+        if isinstance(frame, str):
+            if self.channel.readyState == "open":
+                self.channel.send(frame)
+                self._stop_sent = self._stop_sent or json.loads(frame).get("type") == "stop"
+        else:
+            self.track.feed(frame)
+
+    def __aiter__(self):
+        return self._received()
+
+    async def _received(self):
+        if self.pc is not None and self.pc.connectionState != "connected":
+            return
+        while True:
+            item = await self._inbox.get()
+            if item is None:
+                return
+            if isinstance(item, str):
+                with contextlib.suppress(ValueError, AttributeError):
+                    message = json.loads(item)
+                    if message.get("type") == "closed":  # the server ended the call with a reason
+                        self.close_code, self.close_reason = message.get("code"), message.get("reason")
+            yield item
+
+    async def _shutdown(self) -> None:
+        if self.pc is not None:
+            await self.pc.close()
+        for task in self._drains:
+            task.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)
+        self._drains.clear()
