@@ -87,10 +87,12 @@ def serve(
 def call(
     wav: Annotated[Path, typer.Option("--wav", help="16-bit WAV: one or more utterances separated by silence.",
                                       exists=True, dir_okay=False)],
-    url: Annotated[str, typer.Option(help="Server URL (ws://host:port) or a full endpoint URL.")] =
+    url: Annotated[str, typer.Option(help="Server URL (ws://host:port; http://host:port for webrtc) or a full "
+                                          "endpoint URL.")] =
         "ws://127.0.0.1:8000",
     transport: Annotated[str, typer.Option(
-        help="twilio, telnyx, vonage, plivo, exotel, native, or audiosocket (--url tcp://host:port).")] = "native",
+        help="twilio, telnyx, vonage, plivo, exotel, native, webrtc, or audiosocket (--url tcp://host:port).")] =
+        "native",
     server_url: Annotated[str | None, typer.Option(
         help="The server's HTTP URL for the call record, when --url is not it (audiosocket).")] = None,
     record: Annotated[Path | None, typer.Option(help="Write the agent's audio (as played) to this WAV.")] =

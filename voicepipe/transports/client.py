@@ -1,10 +1,11 @@
-"""The caller side of every WebSocket transport: what `voicepipe call` runs, as a library.
+"""The caller side of every transport: what `voicepipe call` runs, as a library.
 
 `run_call(url, transport, utterances)` connects like the provider would (Twilio, Telnyx, Vonage, Plivo,
-Exotel, or voicepipe's native `/ws`), streams caller audio at real-time pace in 20 ms frames (silence
-between utterances, like a phone line), plays the agent's audio on a local clock, answers marks when the
-audio before them has played (and at once on a clear, as the providers do), records the agent's audio, and
-measures per turn what a caller would: caller speech start/end, first agent audio, clears.
+Exotel, voicepipe's native `/ws`, Asterisk AudioSocket, or a WebRTC peer: see webrtc/client_link.py),
+streams caller audio at real-time pace in 20 ms frames (silence between utterances, like a phone line),
+plays the agent's audio on a local clock, answers marks when the audio before them has played (and at
+once on a clear, as the providers do), records the agent's audio, and measures per turn what a caller
+would: caller speech start/end, first agent audio, clears.
 
 Turn taking: each utterance is spoken once the agent has gone quiet (its reply has played out) and, with
 `sync_with_server` (the default), once the server says the agent listens again (`GET /calls/{id}`), since
