@@ -48,10 +48,12 @@ def voice_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("webrtc-server")
     settings = load_settings(overrides={
         "calls": {"max_reply_tokens": 16, "greeting": GREETING, "temperature": 0.0},
         "llm": {"kv_cache_mib": 64},
+        "paths": {"data_dir": str(tmp / "data"), "recordings_dir": str(tmp / "recordings")},
     })
     with in_process_server(settings) as (base, app):
         yield base, app
