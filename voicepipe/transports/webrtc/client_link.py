@@ -2,9 +2,9 @@
 seen as the socket `run_call` drives (`send`, `async for`, `close_code`).
 
 Opening it does the signalling (offer with every ICE candidate, POST to `/webrtc/offer`, answer) and waits
-until the peer is connected. `send` feeds 20 ms PCM frames (48 kHz mono int16) to the outbound track, or
-text to the "events" data channel; iterating yields the agent's audio (mono int16 at 48 kHz, every frame
-the server sends, silence included) and the server's events (JSON text).
+until the peer is connected and the "events" data channel is open. `send` feeds 20 ms PCM frames (48 kHz
+mono int16) to the outbound track, or text to the data channel; iterating yields the agent's audio (mono
+int16 at 48 kHz, every frame the server sends, silence included) and the server's events (JSON text).
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class PeerClient:
         pc.addTrack(self.track)
         self.channel = pc.createDataChannel("events")
         self.channel.on("message", self._inbox.put_nowait)
+        channel_open = asyncio.Event()
+        self.channel.on("open", channel_open.set)
         pc.on("track", lambda track: self._drains.append(asyncio.ensure_future(drain(track, self._inbox.put_nowait))))
         pc.on("connectionstatechange", self._on_state)
         try:
@@ -77,6 +79,8 @@ class PeerClient:
             await asyncio.wait_for(self._connected.wait(), CONNECT_TIMEOUT_S)
             if pc.connectionState != "connected":
                 raise ConnectionError(f"the WebRTC connection to {self.url} {pc.connectionState}")
+            # The events (and the hang-up message) need the data channel, which opens just after the media.
+            await asyncio.wait_for(channel_open.wait(), CONNECT_TIMEOUT_S)
         except BaseException:
             await self._shutdown()
             raise
