@@ -150,6 +150,7 @@ class FakeEngine:
         self.reply = reply
         self.calls: list[list[dict]] = []
         self.rollbacks: list[int] = []
+        self.seeds: list[int | None] = []
         self.closed: list = []
         self.session = None
         self.fail = False
@@ -163,6 +164,7 @@ class FakeEngine:
         if self.fail:
             raise RuntimeError("the engine is on fire")
         self.calls.append(messages)
+        self.seeds.append(kw.get("seed"))
         return FakeGeneration(self, self.reply.split(" "))
 
     def rollback_reply(self, session, heard_tokens: int) -> None:
@@ -562,6 +564,21 @@ def test_a_failing_observer_never_breaks_the_call() -> None:
         h.output.playing = False
         await h.settle(lambda: len(h.observer.turns) == 1)
         assert h.call.record.turns[0].agent_text == "Hello there my good friend."
+
+
+@pytest.mark.parametrize(("seed", "expected"), [("41", [42, 43]), (7, [8, 9]), (None, [None, None]),
+                                                ("soon", [None, None])])
+def test_a_seed_parameter_seeds_every_turn_distinctly(seed, expected) -> None:
+    async def main():
+        h = Harness(params={} if seed is None else {"seed": seed})
+        await h.call.start()
+        for _ in range(2):
+            h.output.playing = True
+            await h.one_turn()
+            await h.settle(lambda: h.output.ended_replies == len(h.engine.seeds))
+            h.output.playing = False
+            await h.settle(lambda: h.call.state is CallState.LISTENING)
+        assert h.engine.seeds == expected
         await h.call.close("stop")
 
     run(main())

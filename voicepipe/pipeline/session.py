@@ -155,6 +155,7 @@ class CallSession:
                 prompt = params["system_prompt"]
             if "greeting" in params and (params["greeting"] is None or isinstance(params["greeting"], str)):
                 greeting = params["greeting"]
+        self.seed = _call_seed(params.get("seed")) if self.cfg.allow_overrides else None
         self.system_prompt = prompt
         self.greeting = greeting or None
         self.record = CallRecord(self.call_id, transport, system_prompt=prompt, greeting=self.greeting,
@@ -437,8 +438,9 @@ class CallSession:
             self._pending_assistant = None
         messages.append({"role": "user", "content": text})
         engine = self.res.engine
+        seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
         gen = engine.generate(self.session, messages, tier="priority", max_tokens=self.cfg.max_reply_tokens,
-                              temperature=self.cfg.temperature)
+                              temperature=self.cfg.temperature, seed=seed)
         reply.generation = gen
         reply.llm_started = True
         record.timeline["llm_queued"] = self._since()
@@ -579,6 +581,17 @@ class CallSession:
                 self.end_reason = "idle_timeout"
                 self.ended.set()
                 return
+
+
+def _call_seed(value: Any) -> int | None:
+    """A call's `seed` parameter (an int, or digits: providers pass custom parameters as strings)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
 
 
 def call_outcome(end_reason: str, error: str | None = None) -> str:
