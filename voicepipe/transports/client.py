@@ -483,6 +483,7 @@ def make_wire(transport: str, call_id: str, params: dict[str, Any], token: str |
 @dataclass
 class ClientTurn:
     index: int
+    audio_start: float | None = None  # client clock: the utterance's first sample sent
     speech_start: float | None = None  # client clock: first voiced sample sent
     speech_end: float | None = None  # last voiced sample sent
     first_audio: float | None = None  # first agent audio received after speech_end
@@ -515,6 +516,7 @@ class CallResult:
     close_reason: str | None = None
     record: dict | None = None  # the server's call record (GET /calls/{id})
     started: float = 0.0
+    send_lag_ms: list[float] = field(default_factory=list)  # per 20 ms frame: actual send time - real-time schedule
 
 
 # -- the call --------------------------------------------------------------------------------------------------
@@ -556,6 +558,8 @@ class _Caller:
                 audio, utt, turn, offset = self._speech[0]
                 chunk = audio[pos: pos + self.frame]
                 now = time.monotonic()
+                if turn.audio_start is None:
+                    turn.audio_start = now
                 if turn.speech_start is None and pos + self.frame > utt.voiced_start + offset:
                     turn.speech_start = now
                     self.speaking = turn
@@ -573,6 +577,7 @@ class _Caller:
             except Exception:
                 self.closed.set()
                 return
+            self.result.send_lag_ms.append((time.monotonic() - t0 - n * FRAME_S) * 1000)
             self._ack_due_marks()
             n += 1
             delay = t0 + n * FRAME_S - time.monotonic()
@@ -698,6 +703,56 @@ async def run_call(
     sync_with_server: bool = True,
 ) -> CallResult:
     """One call over `transport` at `url` (e.g. ws://127.0.0.1:8000/ws/twilio); see the module docstring."""
+
+    async def converse(caller: _Caller, server: _ServerState | None) -> None:
+        await _converse(caller, utterances, greeting_wait_s, reply_timeout_s, quiet_s, barge_in_after_ms, server)
+
+    return await _call(url, transport, converse, params=params, token=token, call_id=call_id,
+                       record_path=record_path, fetch_record=fetch_record, record_url=record_url,
+                       sync_with_server=sync_with_server)
+
+
+async def play_call(
+    url: str,
+    transport: str,
+    audio: np.ndarray,
+    rate: int,
+    *,
+    params: dict[str, Any] | None = None,
+    token: str | None = None,
+    call_id: str | None = None,
+    record_url: str | None = None,
+    settle_s: float = 1.5,
+    quiet_s: float = 0.8,
+    reply_timeout_s: float = 60.0,
+) -> CallResult:
+    """Continuous mode (replay): play the whole caller channel `audio` once, at real-time pace from the moment
+    the call connects, silences and talking over the agent included, whatever the agent does. Then keep the line
+    open (silence) until the last reply has played out. The result has one `ClientTurn` for the whole channel
+    (`audio_start` is when its first sample went out); the server's record says where the turns were."""
+
+    async def converse(caller: _Caller, server: _ServerState | None) -> None:
+        whole = ClientTurn(1)
+        caller.result.turns.append(whole)
+        caller.speak(utterance(audio, rate), whole)
+        while caller._speech and not caller.closed.is_set():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(settle_s)  # let a trailing end of turn be decided
+        deadline = time.monotonic() + reply_timeout_s
+        while not caller.closed.is_set() and time.monotonic() < deadline:
+            listening = server is None or await server.state() in ("listening", "ended", None)
+            if listening and caller.agent_quiet(quiet_s):
+                return
+            await asyncio.sleep(0.05)
+
+    return await _call(url, transport, converse, params=params, token=token, call_id=call_id,
+                       record_url=record_url)
+
+
+async def _call(url: str, transport: str, converse, *, params: dict[str, Any] | None, token: str | None,
+                call_id: str | None, record_path: Path | None = None, fetch_record: bool = True,
+                record_url: str | None = None, sync_with_server: bool = True) -> CallResult:
+    """Connect as the provider would, run `converse(caller, server_state)`, hang up, collect the results."""
     from websockets.asyncio.client import connect
 
     call_id = call_id or (str(uuid.uuid4()) if transport == "audiosocket" else f"CA{uuid.uuid4().hex}")
@@ -723,7 +778,7 @@ async def run_call(
         if sync_with_server and (transport != "audiosocket" or record_url):
             server = _ServerState(http_base(record_url or url), call_id, token)
         try:
-            await _converse(caller, utterances, greeting_wait_s, reply_timeout_s, quiet_s, barge_in_after_ms, server)
+            await converse(caller, server)
             if not caller.closed.is_set():
                 await caller.send(wire.stop())
         finally:
