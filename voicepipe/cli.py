@@ -1,4 +1,4 @@
-"""The `voicepipe` command: serve, config, models (later: call, replay, bench)."""
+"""The `voicepipe` command: serve, call, replay, config, models, bench."""
 
 from __future__ import annotations
 
@@ -26,6 +26,20 @@ app.add_typer(models_app, name="models")
 bench_app = typer.Typer(help="Benchmarks that report ratios against a baseline measured in the same run.",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+
+
+class _ReplayGroup(typer.core.TyperGroup):
+    """`voicepipe replay CASE...` runs cases (the `run` subcommand); `voicepipe replay init DIR` makes one."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+replay_app = typer.Typer(cls=_ReplayGroup, no_args_is_help=True,
+                         help="Replay recorded calls as regression tests: `replay CASE_OR_DIR...`, `replay init`.")
+app.add_typer(replay_app, name="replay")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -119,6 +133,58 @@ def call(
         console.print(f"agent audio written to {record}")
     if json_out is not None:
         json_out.write_text(json.dumps(result_summary(result), indent=2))
+
+
+@replay_app.command("run")
+def replay_run(
+    cases: Annotated[list[Path], typer.Argument(help="Case directories, or directories of cases.")],
+    url: Annotated[str | None, typer.Option(
+        help="A running server (http://host:port); default: an in-process server on a free port.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Cases replayed at once.")] = 1,
+    seed: Annotated[int | None, typer.Option(help="Seed every call's sampling (reproducible replies).")] = None,
+    token: Annotated[str | None, typer.Option(help="calls.auth_token of the server.")] = None,
+    baseline: Annotated[Path | None, typer.Option(
+        help="report.json of an earlier run: flag latency p95 regressions beyond the tolerance.")] = None,
+    tolerance: Annotated[float, typer.Option(min=0.0, help="Allowed slowdown against --baseline (0.25: 25%).")] =
+        0.25,
+    tolerance_ms: Annotated[float, typer.Option(min=0.0, help="... and at least this many ms.")] = 100.0,
+    update_golden: Annotated[bool, typer.Option(
+        "--update-golden", help="Rewrite the expected agent text of deterministic cases; print the diff.")] = False,
+    report_dir: Annotated[Path, typer.Option(help="Where report.json, junit.xml and summary.md go.")] =
+        Path("replay-report"),
+) -> None:
+    """Replay each case over its transport at real-time pace; exit 1 when any expectation fails."""
+    from voicepipe.replay.case import find_cases
+    from voicepipe.replay.reports import write_reports
+    from voicepipe.replay.results import load_baseline
+    from voicepipe.replay.runner import ReplayOptions, run_replay
+
+    settings = settings_with()
+    if token is None and url is None and settings.calls.auth_token is not None:
+        token = settings.calls.auth_token.get_secret_value()
+    options = ReplayOptions(url=url, concurrency=concurrency, seed=seed, token=token,
+                            baseline=load_baseline(baseline) if baseline is not None else None,
+                            tolerance=tolerance, tolerance_ms=tolerance_ms, update_golden=update_golden)
+    say = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
+    report, results = run_replay(find_cases(cases), settings, options, say)
+    paths = write_reports(report, results, report_dir)
+    console.print(paths["markdown"].read_text(), highlight=False, markup=False)
+    console.print(f"reports: {paths['json']}, {paths['junit']}, {paths['markdown']}", highlight=False)
+    if report["cases_failed"]:
+        raise typer.Exit(1)
+
+
+@replay_app.command("init")
+def replay_init(
+    recording: Annotated[Path, typer.Argument(help="A recording directory (call.wav and events.jsonl).")],
+    out: Annotated[Path | None, typer.Option(help="The case directory to write (default: cases/<call id>).")] =
+        None,
+) -> None:
+    """Turn a recorded call into a case, its expectations pre-filled from that run."""
+    from voicepipe.replay.init_case import init_case
+
+    path = init_case(recording, out)
+    console.print(f"case written to {path} (case.toml, caller.wav): tighten its expectations", highlight=False)
 
 
 @config_app.command("show")

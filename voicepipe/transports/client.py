@@ -725,6 +725,7 @@ async def play_call(
     settle_s: float = 1.5,
     quiet_s: float = 0.8,
     reply_timeout_s: float = 60.0,
+    fetch_record: bool = True,
 ) -> CallResult:
     """Continuous mode (replay): play the whole caller channel `audio` once, at real-time pace from the moment
     the call connects, silences and talking over the agent included, whatever the agent does. Then keep the line
@@ -746,7 +747,7 @@ async def play_call(
             await asyncio.sleep(0.05)
 
     return await _call(url, transport, converse, params=params, token=token, call_id=call_id,
-                       record_url=record_url)
+                       record_url=record_url, fetch_record=fetch_record, sync_with_server=fetch_record)
 
 
 async def _call(url: str, transport: str, converse, *, params: dict[str, Any] | None, token: str | None,
