@@ -56,8 +56,8 @@ def test_init_refuses_what_it_cannot_use(tmp_path: Path) -> None:
 
 def test_budgets_have_headroom() -> None:
     assert budget_ms([]) is None
-    assert budget_ms([400.0]) == 900  # +500 ms
-    assert budget_ms([2000.0, 3000.0]) == 4500  # x1.5 of the p95 (2950)
+    assert budget_ms([400.0]) == 1400  # +1000 ms
+    assert budget_ms([2000.0, 3000.0]) == 5900  # x2 of the p95 (2950)
 
 
 def test_toml_values_round_trip() -> None:
