@@ -263,6 +263,26 @@ def bench_call(
     console.print(table)
 
 
+@bench_app.command("observability")
+def bench_observability(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    calls: Annotated[int, typer.Option(min=1, help="Calls with observability on, and as many with it off.")] = 6,
+    turns: Annotated[int, typer.Option(min=1, help="Turns per call.")] = 5,
+) -> None:
+    """Response latency with the call store, /metrics and recordings on vs. off, calls alternating in one run."""
+    from voicepipe.bench.observability import run_observability_bench
+
+    report = run_observability_bench(settings_with(), calls, turns, progress=console.print)
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("observability", "response p50", "response p95", "v2v p50", "v2v p95", title="calls (ms)")
+    for name in ("on", "off"):
+        r, v = report[name]["response"], report[name]["voice_to_voice"]
+        table.add_row(name, str(r["p50"]), str(r["p95"]), str(v["p50"]), str(v["p95"]))
+    console.print(table)
+    console.print(f"on/off ratios: {report['ratios']}")
+
+
 @bench_app.command("speech")
 def bench_speech(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,

@@ -17,7 +17,7 @@ import pytest
 
 from voicepipe.config import Settings
 from voicepipe.observability.hooks import Observers
-from voicepipe.observability.timeline import EVENTS
+from voicepipe.observability.timeline import CHAIN, EVENTS
 from voicepipe.pipeline import CallResources, CallSession, CallState
 from voicepipe.transports.playback import Heard
 from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
@@ -493,7 +493,7 @@ def test_a_turn_reports_a_monotonic_timeline_and_its_figures_to_the_observers() 
         turn = h.observer.turns[0]
         assert turn is h.call.record.turns[0] and not turn.interrupted
         timeline = turn.timeline
-        expected = [e for e in EVENTS if e not in ("first_partial", "prefill_start")]  # the fakes have neither
+        expected = [e for e in CHAIN if e != "prefill_start"]  # the fakes have no partials and no prefill time
         assert [e for e in EVENTS if e in timeline] == expected
         times = [timeline[e] for e in expected]
         assert times == sorted(times), timeline

@@ -24,6 +24,7 @@ import enum
 import logging
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 PIPELINE_RATE = 16000  # VAD and STT input
 PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT hears the first syllable
+ARRIVALS_KEPT = 1500  # caller chunks whose arrival time is kept (30 s of 20 ms chunks) to date VAD events
 
 
 class CallState(enum.Enum):
@@ -170,6 +172,7 @@ class CallSession:
         self._preroll: list[np.ndarray] = []
         self._preroll_len = 0
         self._vad_pos = 0  # 16 kHz samples pushed to the VAD
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)  # (vad_pos after a chunk, when)
         self._speech_start: int | None = None  # VAD sample of the open speech segment
         self._next_timeline: dict[str, float] = {}  # the timeline of the caller turn being spoken
         self._speech_end: int | None = None
@@ -257,6 +260,7 @@ class CallSession:
             return
         start = self._vad_pos
         self._vad_pos += len(audio)
+        self._arrivals.append((self._vad_pos, self._since()))
         self._remember(audio)
         if self._stt_turn_active:
             self.stt.push(audio)
@@ -304,7 +308,6 @@ class CallSession:
             return
         self._stt_turn_active = False
         end = self._speech_end
-        speech_end_ago = (self._vad_pos - end) / PIPELINE_RATE if end is not None else 0.0
         if self.state is not CallState.LISTENING:
             self.stt.cancel_turn()  # a noise shorter than the barge-in threshold while the agent talks
             return
@@ -312,7 +315,8 @@ class CallSession:
         future = self.stt.finish(stt_end)
         self._turns += 1
         now = self._since()
-        timeline = {**self._next_timeline, "speech_end": round(now - speech_end_ago, 4), "end_of_turn": now}
+        timeline = {**self._next_timeline, "end_of_turn": now}
+        timeline.setdefault("speech_end", now if end is None else self._sample_time(end))
         self._next_timeline = {}
         self.state = CallState.THINKING
         record = TurnRecord(self._turns, timeline=timeline)
@@ -349,8 +353,15 @@ class CallSession:
         return round((time.monotonic() if mono is None else mono) - self.record.started_mono, 4)
 
     def _sample_time(self, vad_sample: int) -> float:
-        """When VAD sample `vad_sample` arrived, assuming the caller's audio arrives at real-time pace."""
-        return self._since() - round((self._vad_pos - vad_sample) / PIPELINE_RATE, 4)
+        """When VAD sample `vad_sample` arrived: its chunk's arrival, less the audio after it in that chunk.
+
+        Dated by arrival rather than by when the VAD reported it, so a busy event loop does not shorten what
+        the timeline says the caller waited."""
+        for end, at in self._arrivals:
+            if end >= vad_sample:
+                return round(at - (end - vad_sample) / PIPELINE_RATE, 4)
+        end, at = self._arrivals[-1] if self._arrivals else (self._vad_pos, self._since())
+        return round(at - (end - vad_sample) / PIPELINE_RATE, 4)
 
     def note(self, event_type: str, /, **data: Any) -> None:
         """One call event for the observers (the recorder's events file)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import time
@@ -319,7 +320,9 @@ class Connection:
                 frame = await self._out.get()
                 if frame is None:
                     return
-                if isinstance(frame, str):
+                if callable(frame):
+                    frame()
+                elif isinstance(frame, str):
                     await self.ws.send_text(frame)
                 else:
                     await self.ws.send_bytes(frame)
@@ -347,7 +350,8 @@ class Connection:
                 if chunk.mark is not None:
                     frames += ser.encode_mark(chunk.mark)
                 self._send(frames)
-                self._report_sent(chunk)
+                if not self._dead:  # report the audio to the call once the writer has put it on the wire
+                    self._out.put_nowait(functools.partial(self._report_sent, chunk))
             due = pb.next_send_time(now)
             timeout = None if due is None else max(0.0, due - self.clock())
             with contextlib.suppress(TimeoutError):

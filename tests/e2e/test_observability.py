@@ -1,0 +1,156 @@
+"""Observability of real calls: the turn timeline, the recordings, the call store and /metrics.
+
+A real 3-turn Twilio call (espeak-ng caller, the default models) and a caller who vanishes mid-reply, against one
+in-process server that records every call into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.e2e.test_call_transports import THREE_TURNS, speak, ws_url
+from tests.net_helpers import in_process_server
+from voicepipe.config import load_settings
+from voicepipe.observability.timeline import CHAIN, EVENTS
+from voicepipe.transports.client import make_wire, resample, run_call
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def voice_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("caller")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("observability")
+    settings = load_settings(overrides={
+        "calls": {"max_reply_tokens": 16, "greeting": "Hi, how can I help?", "temperature": 0.0},
+        "llm": {"kv_cache_mib": 64},
+        "paths": {"data_dir": str(root / "data"), "recordings_dir": str(root / "recordings")},
+        "observability": {"record_calls": True},
+    })
+    with in_process_server(settings) as (base, app):
+        yield base.replace("http://", "ws://"), app, root
+
+
+def read_stereo(path: Path) -> np.ndarray:
+    with wave.open(str(path)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (2, 2, 16000)
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").reshape(-1, 2)
+
+
+def read_events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def rms(audio: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))) if audio.size else 0.0
+
+
+def test_a_three_turn_call_has_a_full_monotonic_timeline_and_a_recording(server, voice_dir: Path) -> None:
+    base, app, root = server
+    utts = [speak(text, voice_dir) for text, _ in THREE_TURNS]
+    result = asyncio.run(run_call(ws_url(base, "twilio"), "twilio", utts, quiet_s=0.6,
+                                  record_url=base.replace("ws://", "http://")))
+    turns = result.record["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    for client, server_turn in zip(result.turns, turns, strict=True):
+        timeline = server_turn["timeline"]
+        missing = [e for e in EVENTS if e not in timeline]
+        assert not missing, f"turn {server_turn['turn']}: no {missing} in {timeline}"
+        times = [timeline[e] for e in CHAIN]
+        assert times == sorted(times), f"turn {server_turn['turn']}: not monotonic: {timeline}"
+        assert timeline["speech_start"] <= timeline["first_partial"] <= timeline["final_transcript"], timeline
+        figures = server_turn["timings_ms"]
+        assert {"voice_to_voice", "response", "stt_final", "queue", "ttft", "tts_first_audio",
+                "send_delay"} <= set(figures)
+        # What the server says the caller waited matches what the caller measured (one process: one clock).
+        t0 = result.record["started_mono"]
+        ends = (round((t0 + timeline["speech_end"] - client.speech_end) * 1000),
+                round((t0 + timeline["first_audio_sent"] - client.first_audio) * 1000))
+        assert abs(figures["voice_to_voice"] - client.voice_to_voice_ms) <= 50, (
+            f"server {figures['voice_to_voice']} ms, client {client.voice_to_voice_ms:.1f} ms; server - client "
+            f"at speech end {ends[0]} ms, at first audio {ends[1]} ms")
+
+    directory = root / "recordings" / result.call_id
+    stereo = read_stereo(directory / "call.wav")
+    call_s = len(stereo) / 16000
+    assert call_s > sum(len(u.audio) / u.rate for u in utts)
+    caller, agent = stereo[:, 0], stereo[:, 1]
+    for server_turn in turns:
+        tl = server_turn["timeline"]
+        spoken = caller[int(tl["speech_start"] * 16000): int(tl["speech_end"] * 16000)]
+        assert rms(spoken) > 300, "the caller's words are not on the left channel where the timeline puts them"
+        reply = agent[int(tl["first_audio_sent"] * 16000): int(tl["playout_end"] * 16000)]
+        assert rms(reply) > 300, "the agent's reply is not on the right channel where the timeline puts it"
+        assert rms(agent[int(tl["speech_start"] * 16000): int(tl["speech_end"] * 16000)]) < 50  # no double talk
+    events = read_events(directory / "events.jsonl")
+    assert events[0]["type"] == "call_start" and events[0]["transport"] == "twilio"
+    assert events[-1]["type"] == "call_end" and events[-1]["outcome"] == "completed"
+    assert [e["turn"] for e in events if e["type"] == "turn"] == [1, 2, 3]
+    inbound = [e for e in events if e["type"] == "inbound"]
+    assert len(inbound) >= call_s / 0.02 * 0.9  # every 20 ms frame the caller sent
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events)
+
+
+async def vanish_mid_reply(url: str, utt, call_id: str) -> None:
+    """A Twilio caller who speaks, then drops the connection (no stop) once the agent's reply is under way."""
+    from websockets.asyncio.client import connect
+
+    wire = make_wire("twilio", call_id, {"greeting": ""})
+    audio = resample(utt.audio, utt.rate, 8000)
+    audio = np.concatenate([audio, np.zeros(8000 * 60, np.int16)])  # then silence until the agent answers
+    async with connect(url, ping_interval=None) as ws:
+        for frame in wire.start():
+            await ws.send(frame)
+        replying = asyncio.Event()
+
+        async def listen() -> None:
+            async for frame in ws:
+                if any(kind == "audio" for kind, _ in wire.parse(frame)):
+                    replying.set()
+
+        listener = asyncio.create_task(listen())
+        t0 = time.monotonic()
+        for n, start in enumerate(range(0, len(audio), 160)):
+            for frame in wire.audio(audio[start: start + 160]):
+                await ws.send(frame)
+            if replying.is_set():
+                await asyncio.sleep(0.3)  # mid-reply
+                break
+            await asyncio.sleep(max(0.0, t0 + (n + 1) * 0.02 - time.monotonic()))
+        assert replying.is_set(), "the agent never answered"
+        listener.cancel()
+        ws.transport.abort()  # the caller vanishes: no stop message, no close handshake
+
+
+def test_a_caller_who_vanishes_mid_reply_leaves_a_valid_recording_and_a_dropped_call(server, voice_dir) -> None:
+    base, app, root = server
+    call_id = f"CA{uuid.uuid4().hex}"
+    asyncio.run(vanish_mid_reply(ws_url(base, "twilio"), speak(THREE_TURNS[0][0], voice_dir), call_id))
+    deadline = time.monotonic() + 10
+    while call_id in app.state.calls.active and time.monotonic() < deadline:
+        time.sleep(0.1)
+    record = app.state.calls.get(call_id)
+    assert record is not None and record.outcome == "dropped"
+    directory = root / "recordings" / call_id
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the writer thread closes the files just after the call ends
+        events = read_events(directory / "events.jsonl")
+        if events and events[-1]["type"] == "call_end":
+            break
+        time.sleep(0.1)
+    assert events[-1]["type"] == "call_end" and events[-1]["outcome"] == "dropped"
+    stereo = read_stereo(directory / "call.wav")
+    assert len(stereo) / 16000 == pytest.approx(events[-1]["t"], abs=0.6)
+    assert rms(stereo[:, 0]) > 100 and rms(stereo[:, 1]) > 50  # the caller, and the start of the reply
