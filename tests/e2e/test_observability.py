@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.e2e.test_call_bad_input import vanish_mid_reply
 from tests.e2e.test_call_transports import THREE_TURNS, speak, ws_url
 from tests.net_helpers import in_process_server
 from voicepipe.config import load_settings
 from voicepipe.observability.timeline import CHAIN, EVENTS
-from voicepipe.transports.client import make_wire, resample, run_call
+from voicepipe.transports.client import run_call
 
 pytestmark = pytest.mark.e2e
 
@@ -103,47 +103,12 @@ def test_a_three_turn_call_has_a_full_monotonic_timeline_and_a_recording(server,
     assert [e["t"] for e in events] == sorted(e["t"] for e in events)
 
 
-async def vanish_mid_reply(url: str, utt, call_id: str) -> None:
-    """A Twilio caller who speaks, then drops the connection (no stop) once the agent's reply is under way."""
-    from websockets.asyncio.client import connect
-
-    wire = make_wire("twilio", call_id, {"greeting": ""})
-    audio = resample(utt.audio, utt.rate, 8000)
-    audio = np.concatenate([audio, np.zeros(8000 * 60, np.int16)])  # then silence until the agent answers
-    async with connect(url, ping_interval=None) as ws:
-        for frame in wire.start():
-            await ws.send(frame)
-        replying = asyncio.Event()
-
-        async def listen() -> None:
-            async for frame in ws:
-                if any(kind == "audio" for kind, _ in wire.parse(frame)):
-                    replying.set()
-
-        listener = asyncio.create_task(listen())
-        t0 = time.monotonic()
-        for n, start in enumerate(range(0, len(audio), 160)):
-            for frame in wire.audio(audio[start: start + 160]):
-                await ws.send(frame)
-            if replying.is_set():
-                await asyncio.sleep(0.3)  # mid-reply
-                break
-            await asyncio.sleep(max(0.0, t0 + (n + 1) * 0.02 - time.monotonic()))
-        assert replying.is_set(), "the agent never answered"
-        listener.cancel()
-        ws.transport.abort()  # the caller vanishes: no stop message, no close handshake
-
-
-def test_a_caller_who_vanishes_mid_reply_leaves_a_valid_recording_and_a_dropped_call(server, voice_dir) -> None:
+def test_a_caller_who_vanishes_mid_reply_leaves_a_valid_recording(server, voice_dir) -> None:
     base, app, root = server
-    call_id = f"CA{uuid.uuid4().hex}"
-    asyncio.run(vanish_mid_reply(ws_url(base, "twilio"), speak(THREE_TURNS[0][0], voice_dir), call_id))
-    deadline = time.monotonic() + 10
-    while call_id in app.state.calls.active and time.monotonic() < deadline:
-        time.sleep(0.1)
-    record = app.state.calls.get(call_id)
-    assert record is not None and record.outcome == "dropped"
-    directory = root / "recordings" / call_id
+    asyncio.run(vanish_mid_reply(base, "twilio", app, speak(THREE_TURNS[0][0], voice_dir)))
+    dropped = [r for r in app.state.calls.ended.values() if r.call_id.startswith("vanish-twilio-")]
+    assert len(dropped) == 1 and dropped[0].outcome == "dropped"
+    directory = root / "recordings" / dropped[0].call_id
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the writer thread closes the files just after the call ends
         events = read_events(directory / "events.jsonl")
@@ -151,6 +116,7 @@ def test_a_caller_who_vanishes_mid_reply_leaves_a_valid_recording_and_a_dropped_
             break
         time.sleep(0.1)
     assert events[-1]["type"] == "call_end" and events[-1]["outcome"] == "dropped"
+    assert [e["turn"] for e in events if e["type"] == "turn"] == [1]  # the turn cut short is there too
     stereo = read_stereo(directory / "call.wav")
     assert len(stereo) / 16000 == pytest.approx(events[-1]["t"], abs=0.6)
     assert rms(stereo[:, 0]) > 100 and rms(stereo[:, 1]) > 50  # the caller, and the start of the reply
