@@ -14,9 +14,14 @@ SPANS: tuple[tuple[str, str, str], ...] = (
     ("send_delay", "first_audio_synth", "first_audio_sent"),
 )
 
-# The events of a normal turn, in the order they happen (an interrupted turn ends with "interrupted" instead).
-# The first partial transcript comes while the caller still speaks, or (a short turn) after they stopped:
-# it lies between speech_start and final_transcript, so `CHAIN` leaves it out.
+# The events of a normal turn (an interrupted turn ends with "interrupted" instead). All but the first partial
+# transcript happen in this order (`CHAIN`); the first partial lies between speech_start and final_transcript:
+# while the caller still speaks or, for a short turn, after they stopped.
+EVENTS: tuple[str, ...] = (
+    "speech_start", "speech_end", "end_of_turn", "first_partial", "final_transcript", "llm_queued",
+    "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
+)
+CHAIN` leaves it out.
 EVENTS: tuple[str, ...] = (
     "speech_start", "first_partial", "speech_end", "end_of_turn", "final_transcript", "llm_queued",
     "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
