@@ -21,11 +21,6 @@ EVENTS: tuple[str, ...] = (
     "speech_start", "speech_end", "end_of_turn", "first_partial", "final_transcript", "llm_queued",
     "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
 )
-CHAIN` leaves it out.
-EVENTS: tuple[str, ...] = (
-    "speech_start", "first_partial", "speech_end", "end_of_turn", "final_transcript", "llm_queued",
-    "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
-)
 CHAIN: tuple[str, ...] = tuple(e for e in EVENTS if e != "first_partial")
 
 
