@@ -1,4 +1,4 @@
-"""The call store and the dashboard after a real call: a recorded two-turn call over the Twilio transport against
+"""The call store and the dashboard after a real call: a recorded three-turn call over the Twilio transport against
 the real app (real models), its store and recordings in a temporary directory; then, in headless Chromium, the
 call list, the call page's waterfall and recording player, and a check that the pages asked nothing of any host
 but the server.
@@ -22,12 +22,13 @@ from tests.e2e.test_call_bad_input import vanish_mid_reply
 from tests.e2e.test_call_transports import speak
 from tests.net_helpers import in_process_server
 from voicepipe.config import load_settings
+from voicepipe.observability.waterfall import turn_stages
 from voicepipe.transports.client import run_call
 
 pytestmark = pytest.mark.e2e
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports" / "dashboard"
-TURNS = ["I want to book a table for dinner.", "What is the capital of France?"]
+TURNS = ["I want to book a table for dinner.", "Tell me about the weather in London.", "What is the capital of France?"]
 # The timeline events of an uninterrupted turn, in the order they must happen (first_partial may come while the
 # caller still speaks, so it is checked apart).
 IN_ORDER = ["speech_start", "speech_end", "end_of_turn", "final_transcript", "llm_queued", "prefill_start",
@@ -63,36 +64,48 @@ def stored_call(base: str, call_id: str, timeout: float = 15.0) -> dict:
 
 @pytest.fixture(scope="module")
 def called(server):
-    """The server's base URL, and the stored record of one finished two-turn Twilio call."""
+    """The server's base URL, the stored record of one finished three-turn Twilio call, and the server's own
+    in-memory record of it (GET /calls/{id})."""
     base, _, tmp = server
     utts = [speak(text, tmp) for text in TURNS]
     result = asyncio.run(run_call(f"{base.replace('http://', 'ws://')}/ws/twilio", "twilio", utts, quiet_s=0.6,
                                   record_url=base))
-    return base, stored_call(base, result.record["call_id"])
+    call_id = result.record["call_id"]
+    stored = stored_call(base, call_id)
+    return base, stored, httpx.get(f"{base}/calls/{call_id}", timeout=10).json()
 
 
-def test_the_store_holds_the_call_and_its_turns(called) -> None:
-    _, call = called
-    assert call["transport"] == "twilio" and call["outcome"] == "completed"
+def test_the_store_holds_what_the_call_recorded(called) -> None:
+    _, call, live = called
+    assert call["transport"] == "twilio" and call["outcome"] == "completed" and call["end_reason"] == "stop"
     assert call["ended"] > call["started"]
-    assert [t["turn"] for t in call["turns"]] == [1, 2]
-    assert "dinner" in call["turns"][0]["user_text"].lower() and "france" in call["turns"][1]["user_text"].lower()
-    for turn in call["turns"]:
-        assert turn["agent_text"].strip() and turn["prompt_tokens"] > 0, turn
-        assert 0 < turn["voice_to_voice_ms"] < 20000
+    assert (call["barge_ins"], call["metadata"], call["greeting"]) == (live["barge_ins"], live["metadata"],
+                                                                       live["greeting"])
+    assert [t["turn"] for t in call["turns"]] == [t["turn"] for t in live["turns"]] == [1, 2, 3]
+    for stored, recorded in zip(call["turns"], live["turns"], strict=True):
+        for name in ("user_text", "agent_text", "heard_text", "interrupted", "prompt_tokens", "cached_prompt_tokens",
+                     "output_tokens", "timings_ms", "timeline", "error"):
+            assert stored[name] == recorded[name], (stored["turn"], name, stored[name], recorded[name])
+    for turn, key in zip(call["turns"], ("dinner", "london", "france"), strict=True):
+        assert key in turn["user_text"].lower(), (key, turn["user_text"])
+    for turn in call["turns"]:  # the events a turn has happened in pipeline order
+        timeline = turn["timeline"]
+        times = [timeline[key] for key in IN_ORDER if key in timeline]
+        assert times == sorted(times), timeline
+    played = [t for t in call["turns"] if "playout_end" in t["timeline"]]
+    assert len(played) >= 2, "fewer than two replies played out"
+    for turn in played:  # a reply that played out has every event
         timeline = turn["timeline"]
         assert set(IN_ORDER) <= set(timeline), sorted(set(IN_ORDER) - set(timeline))
-        times = [timeline[key] for key in IN_ORDER]
-        assert times == sorted(times), dict(zip(IN_ORDER, times, strict=True))
         assert timeline["speech_start"] <= timeline["first_partial"] <= timeline["final_transcript"]
         v2v = (timeline["first_audio_sent"] - timeline["speech_end"]) * 1000
-        assert turn["voice_to_voice_ms"] == pytest.approx(v2v, abs=1)
+        assert turn["voice_to_voice_ms"] == pytest.approx(v2v, abs=1) and turn["agent_text"].strip()
     assert call["voice_to_voice_ms"]["p50"] is not None
     assert call["recording"] is True
 
 
 def test_the_dashboard_in_headless_chromium(called) -> None:
-    base, call = called
+    base, call, _ = called
     REPORTS.mkdir(parents=True, exist_ok=True)
     requested: list[str] = []
     with chromium() as browser:
@@ -119,13 +132,16 @@ def test_the_dashboard_in_headless_chromium(called) -> None:
             assert group.get_attribute("data-turn") == str(turn["turn"])
             stages = group.locator("rect.stage")
             names = [stages.nth(j).get_attribute("data-stage") for j in range(stages.count())]
+            assert names == [segment.stage for segment in turn_stages(turn)], names
+            if "playout_end" not in turn["timeline"]:
+                continue  # a reply cut short draws the stages it reached (checked above)
             assert names == ["end_of_turn", "stt", "queue", "prefill", "first_clause", "tts", "send"], names
             total = sum(float(stages.nth(j).get_attribute("data-ms")) for j in range(stages.count()))
             assert 0.8 * turn["voice_to_voice_ms"] <= total <= turn["voice_to_voice_ms"] + 1, (total, turn)
             box = stages.first.bounding_box()
             assert box is not None and box["width"] > 0 and box["height"] > 0, "a bar is not drawn"
         assert page.locator(".legend li").count() >= 5
-        assert "france" in page.locator(".transcript").inner_text().lower()
+        assert "london" in page.locator(".transcript").inner_text().lower()
         duration = page.eval_on_selector("audio.recording", """a => a.readyState >= 1 ? a.duration :
             new Promise(done => { a.onloadedmetadata = () => done(a.duration); a.onerror = () => done(-1); })""")
         assert duration > 2.0, f"the recording did not load in the player (duration {duration})"
