@@ -22,6 +22,7 @@ from tests.e2e.test_call_bad_input import vanish_mid_reply
 from tests.e2e.test_call_transports import speak
 from tests.net_helpers import in_process_server
 from voicepipe.config import load_settings
+from voicepipe.observability.timeline import CHAIN
 from voicepipe.observability.waterfall import turn_stages
 from voicepipe.transports.client import run_call
 
@@ -29,10 +30,6 @@ pytestmark = pytest.mark.e2e
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports" / "dashboard"
 TURNS = ["I want to book a table for dinner.", "Tell me about the weather in London.", "What is the capital of France?"]
-# The timeline events of an uninterrupted turn, in the order they must happen (first_partial may come while the
-# caller still speaks, so it is checked apart).
-IN_ORDER = ["speech_start", "speech_end", "end_of_turn", "final_transcript", "llm_queued", "prefill_start",
-            "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end"]
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +87,13 @@ def test_the_store_holds_what_the_call_recorded(called) -> None:
         assert key in turn["user_text"].lower(), (key, turn["user_text"])
     for turn in call["turns"]:  # the events a turn has happened in pipeline order
         timeline = turn["timeline"]
-        times = [timeline[key] for key in IN_ORDER if key in timeline]
+        times = [timeline[key] for key in CHAIN if key in timeline]
         assert times == sorted(times), timeline
     played = [t for t in call["turns"] if "playout_end" in t["timeline"]]
     assert len(played) >= 2, "fewer than two replies played out"
     for turn in played:  # a reply that played out has every event
         timeline = turn["timeline"]
-        assert set(IN_ORDER) <= set(timeline), sorted(set(IN_ORDER) - set(timeline))
+        assert set(CHAIN) <= set(timeline), sorted(set(CHAIN) - set(timeline))
         assert timeline["speech_start"] <= timeline["first_partial"] <= timeline["final_transcript"]
         v2v = (timeline["first_audio_sent"] - timeline["speech_end"]) * 1000
         assert turn["voice_to_voice_ms"] == pytest.approx(v2v, abs=1) and turn["agent_text"].strip()
