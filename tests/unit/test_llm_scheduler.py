@@ -117,6 +117,7 @@ def test_idle_sessions_unpinned_before_running_preempted():
     assert running.state is State.WAITING and running.session.block_table == []
     assert newcomer.state is State.RUNNING
     assert sched.preemptions == 1
+    assert sched.preemptions_by_tier == {running.tier: 1}  # the metrics count preemptions by tier
 
 
 def test_preempted_request_resumes_and_recomputes():

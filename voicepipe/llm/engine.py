@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,7 @@ class LLMEngine:
                          "compactions": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
                          "steps": 0, "max_batch": 0}
         self.crashed: BaseException | None = None
+        self._request_listeners: list[Callable[[Request], None]] = []
 
     @staticmethod
     def _model_stop_ids(model, tokenizer) -> frozenset[int]:
@@ -240,6 +241,13 @@ class LLMEngine:
                 self._finish(req, "cancelled", EngineStoppedError("the LLM engine stopped.", "restart the service."))
 
     close = stop
+
+    def add_request_listener(self, listener: Callable[[Request], None]) -> None:
+        """Call ``listener(request)`` once for every request as it ends (finished, cancelled or failed), with its
+        ``tier``, ``finish_reason``, ``stats`` and ``session`` (``session.requests`` is its turn count). It runs on
+        the engine thread under the engine's lock: it must be quick and must not call the engine. An exception
+        in it is logged and ignored."""
+        self._request_listeners.append(listener)
 
     # -- sessions -------------------------------------------------------------------------------------------------
     def open_session(self, system_prompt: str | None = None) -> Session:
@@ -397,6 +405,7 @@ class LLMEngine:
             stats.prompt_tokens = len(session.ids)
             session.reply_start = len(session.ids)
             session.busy = True
+            session.requests += 1
             self.counters["requests"] += 1
             if params.max_tokens == 0:
                 self._finish(req, "length")
@@ -587,6 +596,11 @@ class LLMEngine:
         key = {"cancelled": "cancelled", "error": "errors"}.get(reason, "finished")
         self.counters[key] += 1
         self.counters["output_tokens"] += req.stats.output_tokens
+        for listener in self._request_listeners:  # before the "done" event, so a client that saw it sees these
+            try:
+                listener(req)
+            except Exception:
+                log.exception("request listener %r failed", listener)
         self._emit(req, _Event("error", error=error) if error is not None else _Event("done", time=time.monotonic()))
 
     @staticmethod
@@ -613,8 +627,10 @@ class LLMEngine:
                 "prefix_hit_rate": (self.counters["cached_prompt_tokens"] / prompt) if prompt else 0.0,
                 "block_hit_rate": (bm.hit_blocks / bm.lookup_blocks) if bm.lookup_blocks else 0.0,
                 "preemptions": self.scheduler.preemptions,
+                "preemptions_by_tier": dict(self.scheduler.preemptions_by_tier),
                 "unpinned_sessions": self.scheduler.unpins,
                 "waiting": len(self.scheduler.waiting),
                 "running": len(self.scheduler.running),
                 "sessions": len(self._sessions),
+                "sessions_pinned": sum(1 for s in self._sessions.values() if s.block_table),
             }

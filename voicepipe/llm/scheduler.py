@@ -11,7 +11,7 @@ Each step:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from voicepipe.llm.blocks import BlockManager
@@ -54,6 +54,7 @@ class Scheduler:
         self.idle: OrderedDict[int, Session] = OrderedDict()  # sessions holding blocks, least recently used first
         self.step_no = 0
         self.preemptions = 0
+        self.preemptions_by_tier: Counter[str] = Counter()
         self.unpins = 0
         self._deferred_last_step = False  # lower-tier decodes sat out the last step (see schedule())
 
@@ -116,6 +117,7 @@ class Scheduler:
         req.enqueued_step = min(req.enqueued_step, self.step_no)
         self.waiting.append(req)
         self.preemptions += 1
+        self.preemptions_by_tier[req.tier] += 1
         plan.preempted.append(req)
 
     # -- one step -------------------------------------------------------------------------------------------------

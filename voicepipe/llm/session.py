@@ -47,6 +47,7 @@ class Session:
     closed: bool = False
     ephemeral: bool = False  # a sessionless request's own session: closed when the request ends
     compactions: int = 0
+    requests: int = 0  # generations started on this session: its turn count (the metrics label TTFT with it)
     system_prompt: str | None = None  # rendered as the first message of the first turn
 
     def __len__(self) -> int:
