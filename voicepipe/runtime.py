@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ class Runtime:
     synthesizer: Any = None  # voicepipe.tts.Synthesizer: the one TTS worker over self.tts
     load_seconds: dict[str, float] = field(default_factory=dict)
     load_error: str | None = None
+    # called by the LLM engine as each request ends (LLMEngine.add_request_listener); add them before load()
+    request_listeners: list[Callable[[Any], None]] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
@@ -62,8 +65,11 @@ class Runtime:
                                                llm_dtype_name(self.settings.device))
         from voicepipe.llm.engine import LLMEngine
 
-        self.engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
-        self.engine.start()
+        engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
+        for listener in self.request_listeners:
+            engine.add_request_listener(listener)
+        engine.start()
+        self.engine = engine
 
     def close(self) -> None:
         """Stop the model threads (the LLM engine); pending generations end with an error."""

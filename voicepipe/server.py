@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
 from voicepipe import __version__
 from voicepipe.config import Settings
@@ -53,6 +53,8 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     install_dashboard(app)
     app.include_router(create_webrtc_router(app))
     mount_softphone(app)
+    if settings.observability.metrics:
+        _mount_metrics(app)
 
     @app.get("/health")
     async def health() -> dict:
@@ -70,6 +72,30 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
         return {"name": "voicepipe", "version": __version__}
 
     return app
+
+
+def _mount_metrics(app: FastAPI) -> None:
+    """GET /metrics (Prometheus text); the metrics observe the calls and the engine's requests."""
+    from voicepipe.observability.metrics import Metrics
+
+    runtime: Runtime = app.state.runtime
+    calls = app.state.calls  # the gateway's CallRegistry
+
+    def call_transport(session) -> str | None:  # on the engine thread: a C-level copy of the dict, then reads
+        for call in list(calls.active.values()):
+            if call.session is session:
+                return call.record.transport
+        return None
+
+    metrics = Metrics(engine=lambda: runtime.engine, call_transport=call_transport)
+    app.state.metrics = metrics
+    app.state.observers.add(metrics)
+    runtime.request_listeners.append(metrics.request_finished)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics(request: Request) -> Response:  # sync: FastAPI runs it in a worker thread (engine lock)
+        body, content_type = metrics.render(request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})
 
 
 def _log_load_failure(task: asyncio.Task) -> None:

@@ -1,0 +1,173 @@
+"""The Prometheus metrics (no models): the call observer, the engine's request listener and the live families,
+read back through the text exposition exactly as Prometheus would see it."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.metrics_helpers import Scrape, StatsOnly
+from voicepipe.llm.request import Request, RequestStats
+from voicepipe.llm.sampling import SamplingParams
+from voicepipe.llm.session import Session
+from voicepipe.observability.hooks import Observers
+from voicepipe.observability.metrics import Metrics, turn_bucket
+from voicepipe.pipeline.session import CallRecord, TurnRecord
+
+V2V = "voicepipe_voice_to_voice_seconds"
+TTFT = "voicepipe_llm_ttft_seconds"
+
+
+def scrape(metrics: Metrics) -> Scrape:
+    body, _ = metrics.render()
+    return Scrape(body.decode())
+
+
+def finished_request(session: Session, tier: str = "priority", token_times: tuple[float, ...] = (10.3, 10.35, 10.45),
+                     reason: str = "stop") -> Request:
+    """A request as the engine leaves it: it arrived at t=10 s, was scheduled at 10.1 s, tokens at token_times."""
+    stats = RequestStats(arrival=10.0, first_scheduled=10.1 if token_times else None,
+                         first_token=token_times[0] if token_times else None, token_times=list(token_times),
+                         output_tokens=len(token_times))
+    return Request(session=session, params=SamplingParams(), tier=tier, stats=stats, finish_reason=reason)
+
+
+@pytest.mark.parametrize(("turn", "label"), [(0, "1"), (1, "1"), (2, "2-5"), (5, "2-5"), (6, "6-15"), (15, "6-15"),
+                                             (16, "16-30"), (30, "16-30"), (31, "31+"), (500, "31+")])
+def test_turn_buckets(turn, label):
+    assert turn_bucket(turn) == label
+
+
+def test_turn_latencies_in_seconds_labelled_with_the_calls_tier_and_transport():
+    metrics = Metrics()
+    call = CallRecord("c-1", "twilio")
+    metrics.turn_finished(call, TurnRecord(1, timings_ms={"voice_to_voice": 450.0, "response": 300.0,
+                                                          "stt_final": 120.0, "tts_first_audio": 80.0}))
+    metrics.turn_finished(call, TurnRecord(2, timings_ms={"voice_to_voice": 1200.0}))  # the others not measured
+    s = scrape(metrics)
+    labels = {"tier": "priority", "transport": "twilio"}
+    assert s.value(V2V + "_count", **labels) == 2
+    assert s.value(V2V + "_sum", **labels) == pytest.approx(1.65)
+    assert s.bucket(V2V, 0.4, **labels) == 0
+    assert s.bucket(V2V, 0.5, **labels) == 1
+    assert s.bucket(V2V, 1.25, **labels) == 2
+    assert s.value("voicepipe_response_seconds_count", **labels) == 1
+    assert s.bucket("voicepipe_stt_final_seconds", 0.15, **labels) == 1
+    assert s.bucket("voicepipe_tts_first_audio_seconds", 0.05, **labels) == 0
+    assert s.value("voicepipe_tts_first_audio_seconds_count", **labels) == 1
+    assert s.label_names(V2V + "_count") == {"tier", "transport"}
+
+
+def test_barge_ins_and_turn_errors_are_counted():
+    metrics = Metrics()
+    metrics.turn_finished(CallRecord("c-1", "telnyx"), TurnRecord(1, interrupted=True))
+    metrics.turn_finished(CallRecord("c-2", "twilio"), TurnRecord(1, interrupted=True))
+    metrics.turn_finished(CallRecord("c-2", "twilio"), TurnRecord(2, error="RuntimeError: boom"))
+    s = scrape(metrics)
+    assert s.value("voicepipe_barge_ins_total", transport="telnyx") == 1
+    assert s.value("voicepipe_barge_ins_total") == 2
+    assert s.value("voicepipe_errors_total", kind="turn") == 1
+    assert s.value("voicepipe_errors_total", kind="call") == 0
+
+
+def test_active_calls_by_transport_and_ended_calls_by_outcome():
+    metrics = Metrics()
+    observers = Observers([metrics])  # as the app wires it
+    calls = [CallRecord("a", "twilio"), CallRecord("b", "twilio"), CallRecord("c", "vonage")]
+    for call in calls:
+        observers.call_started(call)
+    s = scrape(metrics)
+    assert s.value("voicepipe_active_calls", transport="twilio") == 2
+    assert s.value("voicepipe_active_calls", transport="vonage") == 1
+
+    calls[0].outcome, calls[2].outcome, calls[2].error = "dropped", "error", "boom"
+    observers.call_ended(calls[0])
+    observers.call_ended(calls[2])
+    observers.call_ended(CallRecord("never-started", "twilio", outcome="completed"))  # start failed: no gauge drift
+    s = scrape(metrics)
+    assert s.value("voicepipe_active_calls", transport="twilio") == 1
+    assert s.samples("voicepipe_active_calls", transport="vonage") == []
+    assert s.value("voicepipe_calls_total", transport="twilio", outcome="dropped") == 1
+    assert s.value("voicepipe_calls_total", transport="vonage", outcome="error") == 1
+    assert s.value("voicepipe_errors_total", kind="call") == 1
+
+
+def test_api_request_counts_once_as_turn_1_over_http_with_its_tier():
+    metrics = Metrics()
+    session = Session(ephemeral=True, requests=1)
+    metrics.request_finished(finished_request(session, tier="flex"))
+    s = scrape(metrics)
+    labels = {"tier": "flex", "transport": "http"}
+    assert s.value(TTFT + "_count", **labels, turn="1") == 1
+    assert s.value(TTFT + "_sum", **labels) == pytest.approx(0.3)
+    assert s.value("voicepipe_llm_queue_seconds_count", **labels) == 1
+    assert s.value("voicepipe_llm_queue_seconds_sum", **labels) == pytest.approx(0.1)
+    assert s.value("voicepipe_llm_itl_seconds_count", **labels) == 2  # three tokens, two gaps
+    assert s.value("voicepipe_llm_itl_seconds_sum", **labels) == pytest.approx(0.15)
+    assert s.bucket("voicepipe_llm_itl_seconds", 0.05, **labels) == 1
+    assert s.value("voicepipe_llm_requests_total", **labels, reason="stop") == 1
+    assert s.label_names(TTFT + "_count") == {"tier", "transport", "turn"}
+
+
+def test_call_request_labelled_with_its_calls_transport_and_turn_bucket():
+    call_session, orphan = Session(requests=7), Session(requests=31)
+    metrics = Metrics(call_transport=lambda session: "twilio" if session is call_session else None)
+    metrics.request_finished(finished_request(call_session))
+    metrics.request_finished(finished_request(orphan))  # its call already ended
+    s = scrape(metrics)
+    assert s.value(TTFT + "_count", tier="priority", transport="twilio", turn="6-15") == 1
+    assert s.value(TTFT + "_count", tier="priority", transport="call", turn="31+") == 1
+    assert s.value(TTFT + "_count") == 2
+
+
+def test_request_cancelled_before_its_first_token_has_no_ttft():
+    metrics = Metrics()
+    metrics.request_finished(finished_request(Session(ephemeral=True, requests=1), token_times=(), reason="cancelled"))
+    s = scrape(metrics)
+    assert s.value(TTFT + "_count") == 0
+    assert s.value("voicepipe_llm_queue_seconds_count") == 0
+    assert s.value("voicepipe_llm_requests_total", reason="cancelled", transport="http") == 1
+
+
+def test_engine_state_is_read_at_scrape_time():
+    engine = StatsOnly()
+    metrics = Metrics(engine=lambda: engine)
+    metrics.count_error("turn")
+    s = scrape(metrics)
+    assert s.value("voicepipe_llm_engine_ready") == 1
+    assert s.value("voicepipe_kv_blocks_used") == 10
+    assert s.value("voicepipe_kv_blocks_free") == 54
+    assert s.value("voicepipe_sessions_pinned") == 2
+    assert s.value("voicepipe_prefix_cache_query_tokens_total") == 900
+    assert s.value("voicepipe_prefix_cache_hit_tokens_total") == 600
+    assert s.value("voicepipe_llm_compactions_total") == 1
+    assert s.value("voicepipe_llm_preemptions_total", tier="flex") == 3
+    assert s.value("voicepipe_llm_preemptions_total") == 4
+    assert s.value("voicepipe_errors_total", kind="engine") == 3
+    assert s.value("voicepipe_errors_total", kind="overloaded") == 2
+    assert s.value("voicepipe_errors_total", kind="turn") == 1
+
+    engine._stats["blocks_used"] = 20  # never stale
+    assert scrape(metrics).value("voicepipe_kv_blocks_used") == 20
+
+
+def test_every_family_is_declared_before_the_engine_loads():
+    before, after = scrape(Metrics()), scrape(Metrics(engine=StatsOnly))
+    assert before.value("voicepipe_llm_engine_ready") == 0
+    assert before.samples("voicepipe_kv_blocks_used") == []
+    assert before.names() == after.names()
+
+
+def test_apps_metrics_do_not_collide_nor_touch_the_global_registry():
+    first, second = Metrics(), Metrics()
+    first.turn_finished(CallRecord("c-1", "twilio"), TurnRecord(1, timings_ms={"voice_to_voice": 500.0}))
+    assert scrape(first).value(V2V + "_count") == 1
+    assert scrape(second).value(V2V + "_count") == 0
+    assert REGISTRY.get_sample_value(V2V + "_count", {"tier": "priority", "transport": "twilio"}) is None
+
+
+def test_openmetrics_on_request():
+    body, content_type = Metrics().render("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith(b"# EOF")
+    assert Metrics().render()[1].startswith("text/plain; version=0.0.4")

@@ -1,0 +1,153 @@
+"""Prometheus metrics of one app: latency histograms, call and error counters, and the engine's live state.
+
+Every app owns its `Metrics` with its own `CollectorRegistry` (never the global one), so several apps in one
+process do not collide. Two sources feed it:
+
+- the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio,
+  barge-ins, turn errors; `call_started`/`call_ended`: active calls, calls by outcome, call errors);
+- the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
+  and API requests' alike, so each request is counted once).
+
+Labels: ``tier`` and ``transport`` (a call's turns: tier "priority" and the call's transport; a sessionless
+request, i.e. the OpenAI API: its tier and "http"). TTFT also has ``turn``, the request's turn-number bucket
+(`turn_bucket`), so a TTFT that stays flat over a long call shows on a graph. Gauges and engine counters
+(`metrics_live.LiveCollector`) are read at scrape time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from voicepipe.observability.metrics_live import LiveCollector
+
+if TYPE_CHECKING:
+    from voicepipe.llm.request import Request
+    from voicepipe.llm.session import Session
+    from voicepipe.pipeline.session import CallRecord, TurnRecord
+
+CALL_TIER = "priority"  # the tier every call's LLM requests use
+API_TRANSPORT = "http"  # the transport label of sessionless requests (the OpenAI API)
+UNKNOWN_CALL_TRANSPORT = "call"  # a session's request whose call could not be found (it ended meanwhile)
+
+# Seconds. Voice-to-voice and response latency live around 0.3-3 s; the engine's figures are finer.
+SPEECH_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
+                  7.5, 10.0, 15.0, 30.0)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+               2.0)
+QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+TURN_BUCKETS = ((1, "1"), (5, "2-5"), (15, "6-15"), (30, "16-30"))
+LAST_TURN_BUCKET = "31+"
+
+# TurnRecord.timings_ms key -> (metric name, help)
+TURN_HISTOGRAMS = {
+    "voice_to_voice": ("voicepipe_voice_to_voice_seconds", "Caller stops speaking to the first agent audio sent."),
+    "response": ("voicepipe_response_seconds", "End-of-turn decision to the first agent audio sent."),
+    "stt_final": ("voicepipe_stt_final_seconds", "End of the caller's speech to the final transcript."),
+    "tts_first_audio": ("voicepipe_tts_first_audio_seconds", "First clause to TTS to its first audio sample."),
+}
+
+
+def turn_bucket(turn: int) -> str:
+    """The TTFT ``turn`` label: "1", "2-5", "6-15", "16-30" or "31+" (anything below 1 counts as turn 1)."""
+    for upper, label in TURN_BUCKETS:
+        if turn <= upper:
+            return label
+    return LAST_TURN_BUCKET
+
+
+class Metrics:
+    """The metrics of one app. Register it as a call observer and as the engine's request listener; serve
+    `render()` at /metrics. ``engine`` returns the LLM engine or None (not loaded yet); ``call_transport`` maps an
+    engine session to its call's transport (None when no call holds it)."""
+
+    def __init__(self, engine: Callable[[], Any] = lambda: None,
+                 call_transport: Callable[[Session], str | None] = lambda session: None) -> None:
+        self.registry = CollectorRegistry()
+        self._call_transport = call_transport
+        self._lock = threading.Lock()
+        self.active_calls: dict[str, str] = {}  # call id -> transport
+        self.errors: Tally[str] = Tally()  # kind -> count, for the kinds the calls report (the engine's: live)
+        labels = ["tier", "transport"]
+        self.turn_latency = {key: Histogram(name, doc, labels, buckets=SPEECH_BUCKETS, registry=self.registry)
+                             for key, (name, doc) in TURN_HISTOGRAMS.items()}
+        self.ttft = Histogram("voicepipe_llm_ttft_seconds", "LLM time to first token: arrival in the engine to the "
+                              "first token.", [*labels, "turn"], buckets=TTFT_BUCKETS, registry=self.registry)
+        self.itl = Histogram("voicepipe_llm_itl_seconds", "LLM inter-token latency, one sample per token after the "
+                             "first.", labels, buckets=ITL_BUCKETS, registry=self.registry)
+        self.queue = Histogram("voicepipe_llm_queue_seconds", "LLM queue time: arrival in the engine to the first "
+                               "scheduled step.", labels, buckets=QUEUE_BUCKETS, registry=self.registry)
+        self.requests = Counter("voicepipe_llm_requests", "LLM requests ended, by finish reason (stop, length, "
+                                "cancelled, error).", [*labels, "reason"], registry=self.registry)
+        self.barge_ins = Counter("voicepipe_barge_ins", "Agent replies the caller interrupted.", ["transport"],
+                                 registry=self.registry)
+        self.calls = Counter("voicepipe_calls", "Calls ended, by outcome.", ["transport", "outcome"],
+                             registry=self.registry)
+        self.registry.register(LiveCollector(self, engine))
+
+    # -- serving --------------------------------------------------------------------------------------------------
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """Everything above in the exposition format the scraper's Accept header asks for (Prometheus text
+        0.0.4 unless it asks for OpenMetrics), and its content type."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+    def snapshot(self) -> tuple[list[str], dict[str, int]]:
+        """The transports of the calls in progress, and the errors the calls reported (for `LiveCollector`)."""
+        with self._lock:
+            return list(self.active_calls.values()), dict(self.errors)
+
+    def count_error(self, kind: str) -> None:
+        with self._lock:
+            self.errors[kind] += 1
+
+    # -- the engine (its thread, under its lock: be quick) ---------------------------------------------------------
+    def request_finished(self, request: Request) -> None:
+        session = request.session
+        transport = API_TRANSPORT if session.ephemeral else (self._call_transport(session) or UNKNOWN_CALL_TRANSPORT)
+        tier = request.tier
+        stats = request.stats
+        self.requests.labels(tier, transport, request.finish_reason or "unknown").inc()
+        if stats.queue_time is not None:
+            self.queue.labels(tier, transport).observe(stats.queue_time)
+        if stats.ttft is not None:
+            self.ttft.labels(tier, transport, turn_bucket(session.requests)).observe(stats.ttft)
+        itl = self.itl.labels(tier, transport)
+        for gap in stats.itls:
+            itl.observe(gap)
+
+    # -- CallObserver (the event loop: be quick) -------------------------------------------------------------------
+    def call_started(self, call: CallRecord) -> None:
+        with self._lock:
+            self.active_calls[call.call_id] = call.transport
+
+    def event(self, call: CallRecord, event: dict[str, Any]) -> None:
+        pass
+
+    def audio(self, call: CallRecord, channel: str, samples: np.ndarray, rate: int, t: float) -> None:
+        pass
+
+    def turn_finished(self, call: CallRecord, turn: TurnRecord) -> None:
+        for key, histogram in self.turn_latency.items():
+            ms = turn.timings_ms.get(key)
+            if ms is not None:
+                histogram.labels(CALL_TIER, call.transport).observe(ms / 1000.0)
+        if turn.interrupted:
+            self.barge_ins.labels(call.transport).inc()
+        if turn.error:
+            self.count_error("turn")
+
+    def call_ended(self, call: CallRecord) -> None:
+        with self._lock:
+            self.active_calls.pop(call.call_id, None)
+        self.calls.labels(call.transport, call.outcome or "unknown").inc()
+        if call.outcome == "error":
+            self.count_error("call")

@@ -1,0 +1,89 @@
+"""The metric families read at scrape time: active calls, errors by kind, and the LLM engine's state and counters.
+
+Reading them when Prometheus scrapes (rather than updating gauges as things change) means they are never stale and
+cost nothing between scrapes. Every family is yielded on every scrape, without samples while the engine is not
+loaded, so the set of exported names does not depend on the app's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from voicepipe.observability.metrics import Metrics
+
+# engine.stats() key -> (family, help); gauges, then counters
+ENGINE_GAUGES = {
+    "blocks_used": ("voicepipe_kv_blocks_used", "KV cache blocks in use (held by a session or request)."),
+    "blocks_free": ("voicepipe_kv_blocks_free", "KV cache blocks free (a free block may still serve a prefix hit)."),
+    "blocks_total": ("voicepipe_kv_blocks_total", "KV cache blocks in the pool."),
+    "sessions_pinned": ("voicepipe_sessions_pinned", "Open sessions holding KV blocks (pinned between turns)."),
+    "sessions": ("voicepipe_sessions_open", "Open LLM sessions (one per call)."),
+    "waiting": ("voicepipe_llm_requests_waiting", "LLM requests waiting for admission."),
+    "running": ("voicepipe_llm_requests_running", "LLM requests admitted and running."),
+}
+ENGINE_COUNTERS = {
+    "prompt_tokens": ("voicepipe_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache."),
+    "cached_prompt_tokens": ("voicepipe_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache."),
+    "compactions": ("voicepipe_llm_compactions", "Sessions compacted to fit the context budget."),
+    "unpinned_sessions": ("voicepipe_llm_sessions_unpinned", "Idle sessions unpinned under memory pressure."),
+    "output_tokens": ("voicepipe_llm_output_tokens", "Tokens generated."),
+}
+ERROR_KINDS = {  # kind -> where it comes from
+    "engine": "an LLM request failed in the engine (a failed model step, the engine stopped)",
+    "overloaded": "an LLM request was not admitted in time (llm.admission_timeout_s)",
+    "turn": "a call's turn failed",
+    "call": "a call ended with an error",
+}
+
+
+class LiveCollector(Collector):
+    def __init__(self, metrics: Metrics, engine: Callable[[], Any]) -> None:
+        self._metrics = metrics
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine()
+        stats = engine.stats() if engine is not None else None
+        transports, errors = self._metrics.snapshot()
+        yield _active_calls(transports)
+        yield _errors(errors, stats)
+        ready = GaugeMetricFamily("voicepipe_llm_engine_ready", "1 once the LLM engine is loaded and running.")
+        ready.add_metric([], 1.0 if stats is not None else 0.0)
+        yield ready
+        for key, (name, doc) in ENGINE_GAUGES.items():
+            family = GaugeMetricFamily(name, doc)
+            if stats is not None:
+                family.add_metric([], stats[key])
+            yield family
+        for key, (name, doc) in ENGINE_COUNTERS.items():
+            family = CounterMetricFamily(name, doc)
+            if stats is not None:
+                family.add_metric([], stats[key])
+            yield family
+        preemptions = CounterMetricFamily("voicepipe_llm_preemptions", "Running LLM requests preempted (their KV "
+                                          "recomputed later) under memory pressure, by tier.", labels=["tier"])
+        for tier, count in sorted((stats or {}).get("preemptions_by_tier", {}).items()):
+            preemptions.add_metric([tier], count)
+        yield preemptions
+
+
+def _active_calls(transports: list[str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("voicepipe_active_calls", "Calls in progress, by transport.", labels=["transport"])
+    for transport in sorted(set(transports)):
+        family.add_metric([transport], transports.count(transport))
+    return family
+
+
+def _errors(counts: dict[str, int], stats: dict[str, Any] | None) -> CounterMetricFamily:
+    family = CounterMetricFamily("voicepipe_errors", "Errors by kind: " + "; ".join(
+        f"{kind}: {what}" for kind, what in ERROR_KINDS.items()) + ".", labels=["kind"])
+    if stats is not None:  # the engine counts every failed request as an error, the overloaded ones included
+        counts = {**counts, "engine": stats["errors"] - stats["overloaded"], "overloaded": stats["overloaded"]}
+    for kind in ERROR_KINDS:
+        family.add_metric([kind], counts.get(kind, 0))
+    return family
