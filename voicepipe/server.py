@@ -79,15 +79,12 @@ def _mount_metrics(app: FastAPI) -> None:
     from voicepipe.observability.metrics import Metrics
 
     runtime: Runtime = app.state.runtime
-    calls = app.state.calls  # the gateway's CallRegistry
+    calls = app.state.calls  # the gateway's CallRegistry: a call is in it before it starts
 
-    def call_transport(session) -> str | None:  # on the engine thread: a C-level copy of the dict, then reads
-        for call in list(calls.active.values()):
-            if call.session is session:
-                return call.record.transport
-        return None
+    def call_session(call_id: str):
+        return getattr(calls.active.get(call_id), "session", None)
 
-    metrics = Metrics(engine=lambda: runtime.engine, call_transport=call_transport)
+    metrics = Metrics(engine=lambda: runtime.engine, call_session=call_session)
     app.state.metrics = metrics
     app.state.observers.add(metrics)
     runtime.request_listeners.append(metrics.request_finished)

@@ -95,17 +95,30 @@ def test_call_request_is_labelled_with_the_calls_transport(server, tmp_path):
     result = asyncio.run(run_call(base.replace("http://", "ws://") + "/ws/twilio", "twilio",
                                   [utterance(*read_wav(wav))], quiet_s=0.6, record_url=base))
     assert len(result.turns) == 1
-    deadline = time.monotonic() + 30  # the server closes its side of the call just after the client's stop
-    while (after := scrape(base)).value("voicepipe_calls_total", transport="twilio") == \
-            before.value("voicepipe_calls_total", transport="twilio") and time.monotonic() < deadline:
+    # The server ends its side just after the client's stop, and a reply still generating then is cancelled and
+    # ends in the engine a step later: wait for both.
+    counted = (("voicepipe_calls_total", {"transport": "twilio"}),
+               ("voicepipe_llm_requests_total", {"tier": "priority", "transport": "twilio"}))
+    deadline = time.monotonic() + 30
+    while True:
+        after = scrape(base)
+        if all(after.value(name, **labels) > before.value(name, **labels) for name, labels in counted) \
+                or time.monotonic() > deadline:
+            break
         time.sleep(0.2)
 
     def moved(sample: str, **labels: str) -> float:
         return after.value(sample, **labels) - before.value(sample, **labels)
 
     assert moved("voicepipe_calls_total", transport="twilio") == 1
-    assert moved(TTFT + "_count", tier="priority", transport="twilio", turn="1") == 1
-    assert moved(TTFT + "_count") == 1
+    timings = result.record["turns"][0]["timings_ms"]  # the server's own turn timeline
+    call = {"tier": "priority", "transport": "twilio"}
+    for figure in ("voice_to_voice", "response", "stt_final", "tts_first_audio"):
+        assert moved(f"voicepipe_{figure}_seconds_count", **call) == 1, figure
+        assert moved(f"voicepipe_{figure}_seconds_sum", **call) == pytest.approx(timings[figure] / 1000, abs=1e-3)
+    ttfts = [(s.labels, s.value) for s in after.samples(TTFT + "_count")]
+    assert moved(TTFT + "_count", tier="priority", transport="twilio", turn="1") == 1, ttfts
+    assert moved(TTFT + "_count") == 1, ttfts
     assert moved(QUEUE + "_count", tier="priority", transport="twilio") == 1
     assert moved("voicepipe_llm_requests_total", tier="priority", transport="twilio") == 1
     assert after.value("voicepipe_active_calls") == 0

@@ -55,7 +55,8 @@ def labelled() -> Scrape:
     call = CallRecord("c-1", "twilio")
     metrics.call_started(call)
     metrics.turn_finished(call, TurnRecord(1, interrupted=True, error="boom", timings_ms={
-        "voice_to_voice": 500.0, "response": 400.0, "stt_final": 100.0, "tts_first_audio": 50.0}))
+        "voice_to_voice": 500.0, "response": 400.0, "stt_final": 100.0, "tts_first_audio": 50.0, "send_delay": 1.0}))
+    metrics.event(call, {"t": 1.0, "type": "barge_in", "turn": 1})
     metrics.call_started(CallRecord("c-2", "twilio"))
     call.outcome = "completed"
     metrics.call_ended(call)

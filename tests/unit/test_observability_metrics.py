@@ -42,7 +42,8 @@ def test_turn_latencies_in_seconds_labelled_with_the_calls_tier_and_transport():
     metrics = Metrics()
     call = CallRecord("c-1", "twilio")
     metrics.turn_finished(call, TurnRecord(1, timings_ms={"voice_to_voice": 450.0, "response": 300.0,
-                                                          "stt_final": 120.0, "tts_first_audio": 80.0}))
+                                                          "stt_final": 120.0, "tts_first_audio": 80.0,
+                                                          "send_delay": 3.0, "ttft": 90.0, "queue": 1.0}))
     metrics.turn_finished(call, TurnRecord(2, timings_ms={"voice_to_voice": 1200.0}))  # the others not measured
     s = scrape(metrics)
     labels = {"tier": "priority", "transport": "twilio"}
@@ -55,14 +56,19 @@ def test_turn_latencies_in_seconds_labelled_with_the_calls_tier_and_transport():
     assert s.bucket("voicepipe_stt_final_seconds", 0.15, **labels) == 1
     assert s.bucket("voicepipe_tts_first_audio_seconds", 0.05, **labels) == 0
     assert s.value("voicepipe_tts_first_audio_seconds_count", **labels) == 1
+    assert s.bucket("voicepipe_send_delay_seconds", 0.05, **labels) == 1
+    assert s.value(TTFT + "_count") == 0  # the engine reports each request's TTFT and queue time (not twice)
     assert s.label_names(V2V + "_count") == {"tier", "transport"}
 
 
 def test_barge_ins_and_turn_errors_are_counted():
     metrics = Metrics()
-    metrics.turn_finished(CallRecord("c-1", "telnyx"), TurnRecord(1, interrupted=True))
-    metrics.turn_finished(CallRecord("c-2", "twilio"), TurnRecord(1, interrupted=True))
-    metrics.turn_finished(CallRecord("c-2", "twilio"), TurnRecord(2, error="RuntimeError: boom"))
+    telnyx, twilio = CallRecord("c-1", "telnyx"), CallRecord("c-2", "twilio")
+    metrics.event(telnyx, {"t": 1.0, "type": "barge_in", "turn": 0, "heard_text": "Hi"})  # the greeting's
+    metrics.event(twilio, {"t": 2.0, "type": "barge_in", "turn": 1, "heard_text": "Sure"})
+    metrics.event(twilio, {"t": 2.1, "type": "inbound", "samples": 160})
+    metrics.turn_finished(twilio, TurnRecord(1, interrupted=True))  # the same barge-in: counted once, above
+    metrics.turn_finished(twilio, TurnRecord(2, error="RuntimeError: boom"))
     s = scrape(metrics)
     assert s.value("voicepipe_barge_ins_total", transport="telnyx") == 1
     assert s.value("voicepipe_barge_ins_total") == 2
@@ -111,13 +117,18 @@ def test_api_request_counts_once_as_turn_1_over_http_with_its_tier():
 
 def test_call_request_labelled_with_its_calls_transport_and_turn_bucket():
     call_session, orphan = Session(requests=7), Session(requests=31)
-    metrics = Metrics(call_transport=lambda session: "twilio" if session is call_session else None)
+    metrics = Metrics(call_session={"c-1": call_session}.get)
+    call = CallRecord("c-1", "twilio", outcome="dropped")
+    metrics.call_started(call)
     metrics.request_finished(finished_request(call_session))
-    metrics.request_finished(finished_request(orphan))  # its call already ended
+    metrics.call_ended(call)
+    metrics.request_finished(finished_request(call_session, reason="cancelled"))  # ends after its call did
+    metrics.request_finished(finished_request(orphan))  # a session no call was seen to start with
     s = scrape(metrics)
-    assert s.value(TTFT + "_count", tier="priority", transport="twilio", turn="6-15") == 1
+    assert s.value(TTFT + "_count", tier="priority", transport="twilio", turn="6-15") == 2
+    assert s.value("voicepipe_llm_requests_total", transport="twilio", reason="cancelled") == 1
     assert s.value(TTFT + "_count", tier="priority", transport="call", turn="31+") == 1
-    assert s.value(TTFT + "_count") == 2
+    assert s.value(TTFT + "_count") == 3
 
 
 def test_request_cancelled_before_its_first_token_has_no_ttft():

@@ -3,8 +3,9 @@
 Every app owns its `Metrics` with its own `CollectorRegistry` (never the global one), so several apps in one
 process do not collide. Two sources feed it:
 
-- the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio,
-  barge-ins, turn errors; `call_started`/`call_ended`: active calls, calls by outcome, call errors);
+- the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio, send
+  delay, turn errors; `event` "barge_in" (the greeting's too); `call_started`/`call_ended`: active calls, calls by
+  outcome, call errors);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
   and API requests' alike, so each request is counted once).
 
@@ -17,6 +18,7 @@ request, i.e. the OpenAI API: its tier and "http"). TTFT also has ``turn``, the 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter as Tally
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
 CALL_TIER = "priority"  # the tier every call's LLM requests use
 API_TRANSPORT = "http"  # the transport label of sessionless requests (the OpenAI API)
-UNKNOWN_CALL_TRANSPORT = "call"  # a session's request whose call could not be found (it ended meanwhile)
+UNKNOWN_CALL_TRANSPORT = "call"  # a request on a session no call was seen to start with
 
 # Seconds. Voice-to-voice and response latency live around 0.3-3 s; the engine's figures are finer.
 SPEECH_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
@@ -51,8 +53,9 @@ LAST_TURN_BUCKET = "31+"
 TURN_HISTOGRAMS = {
     "voice_to_voice": ("voicepipe_voice_to_voice_seconds", "Caller stops speaking to the first agent audio sent."),
     "response": ("voicepipe_response_seconds", "End-of-turn decision to the first agent audio sent."),
-    "stt_final": ("voicepipe_stt_final_seconds", "End of the caller's speech to the final transcript."),
+    "stt_final": ("voicepipe_stt_final_seconds", "End-of-turn decision to the final transcript."),
     "tts_first_audio": ("voicepipe_tts_first_audio_seconds", "First clause to TTS to its first audio sample."),
+    "send_delay": ("voicepipe_send_delay_seconds", "First agent audio synthesized to handed to the transport."),
 }
 
 
@@ -66,13 +69,16 @@ def turn_bucket(turn: int) -> str:
 
 class Metrics:
     """The metrics of one app. Register it as a call observer and as the engine's request listener; serve
-    `render()` at /metrics. ``engine`` returns the LLM engine or None (not loaded yet); ``call_transport`` maps an
-    engine session to its call's transport (None when no call holds it)."""
+    `render()` at /metrics. ``engine`` returns the LLM engine or None (not loaded yet); ``call_session`` returns the
+    LLM session of a live call by its id (None if unknown), so the call's requests get its transport."""
 
     def __init__(self, engine: Callable[[], Any] = lambda: None,
-                 call_transport: Callable[[Session], str | None] = lambda session: None) -> None:
+                 call_session: Callable[[str], Session | None] = lambda call_id: None) -> None:
         self.registry = CollectorRegistry()
-        self._call_transport = call_transport
+        self._call_session = call_session
+        # LLM session -> its call's transport, noted as the call starts: a request still ending after its call did
+        # (cancelled by the hang-up) keeps the label. Entries go with the sessions.
+        self._session_transports: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.active_calls: dict[str, str] = {}  # call id -> transport
         self.errors: Tally[str] = Tally()  # kind -> count, for the kinds the calls report (the engine's: live)
@@ -87,8 +93,8 @@ class Metrics:
                                "scheduled step.", labels, buckets=QUEUE_BUCKETS, registry=self.registry)
         self.requests = Counter("voicepipe_llm_requests", "LLM requests ended, by finish reason (stop, length, "
                                 "cancelled, error).", [*labels, "reason"], registry=self.registry)
-        self.barge_ins = Counter("voicepipe_barge_ins", "Agent replies the caller interrupted.", ["transport"],
-                                 registry=self.registry)
+        self.barge_ins = Counter("voicepipe_barge_ins", "Agent replies (the greeting too) the caller interrupted.",
+                                 ["transport"], registry=self.registry)
         self.calls = Counter("voicepipe_calls", "Calls ended, by outcome.", ["transport", "outcome"],
                              registry=self.registry)
         self.registry.register(LiveCollector(self, engine))
@@ -112,7 +118,10 @@ class Metrics:
     # -- the engine (its thread, under its lock: be quick) ---------------------------------------------------------
     def request_finished(self, request: Request) -> None:
         session = request.session
-        transport = API_TRANSPORT if session.ephemeral else (self._call_transport(session) or UNKNOWN_CALL_TRANSPORT)
+        if session.ephemeral:
+            transport = API_TRANSPORT
+        else:
+            transport = self._session_transports.get(session, UNKNOWN_CALL_TRANSPORT)
         tier = request.tier
         stats = request.stats
         self.requests.labels(tier, transport, request.finish_reason or "unknown").inc()
@@ -128,9 +137,13 @@ class Metrics:
     def call_started(self, call: CallRecord) -> None:
         with self._lock:
             self.active_calls[call.call_id] = call.transport
+        session = self._call_session(call.call_id)
+        if session is not None:
+            self._session_transports[session] = call.transport
 
     def event(self, call: CallRecord, event: dict[str, Any]) -> None:
-        pass
+        if event.get("type") == "barge_in":
+            self.barge_ins.labels(call.transport).inc()
 
     def audio(self, call: CallRecord, channel: str, samples: np.ndarray, rate: int, t: float) -> None:
         pass
@@ -140,8 +153,6 @@ class Metrics:
             ms = turn.timings_ms.get(key)
             if ms is not None:
                 histogram.labels(CALL_TIER, call.transport).observe(ms / 1000.0)
-        if turn.interrupted:
-            self.barge_ins.labels(call.transport).inc()
         if turn.error:
             self.count_error("turn")
 
