@@ -29,10 +29,11 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "voicep
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     settings = load_settings(overrides={
         "calls": {"max_reply_tokens": 12, "greeting": None, "temperature": 0.0},
         "llm": {"kv_cache_mib": 64},
+        "paths": {"data_dir": str(tmp_path_factory.mktemp("data"))},  # the call store's file
     })
     with in_process_server(settings) as (base, app):
         yield base, app

@@ -41,7 +41,7 @@ def queries() -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def exported() -> Scrape:
     """The app's real /metrics (no models loaded: every family is declared all the same)."""
-    with TestClient(create_app(Settings(), load_models=False)) as client:
+    with TestClient(create_app(Settings(observability={"store": False}), load_models=False)) as client:
         response = client.get("/metrics")
     assert response.status_code == 200
     return Scrape(response.text)

@@ -10,9 +10,15 @@ from voicepipe.observability.metrics import Metrics
 from voicepipe.pipeline.session import CallRecord, TurnRecord
 from voicepipe.server import create_app
 
+NO_STORE = {"store": False}  # these apps only serve /metrics: no call store file
+
+
+def make_app(**observability):
+    return create_app(Settings(observability={**NO_STORE, **observability}), load_models=False)
+
 
 def test_metrics_endpoint_serves_prometheus_text_and_the_app_wires_its_observers():
-    app = create_app(Settings(), load_models=False)
+    app = make_app()
     metrics = app.state.metrics
     assert isinstance(metrics, Metrics)
     assert metrics in app.state.observers.observers
@@ -29,7 +35,7 @@ def test_metrics_endpoint_serves_prometheus_text_and_the_app_wires_its_observers
 
 
 def test_two_apps_keep_separate_metrics():
-    first, second = create_app(Settings(), load_models=False), create_app(Settings(), load_models=False)
+    first, second = make_app(), make_app()
     first.state.observers.call_started(CallRecord("c-1", "vonage"))
     with TestClient(first) as a, TestClient(second) as b:
         assert Scrape(a.get("/metrics").text).value("voicepipe_active_calls", transport="vonage") == 1
@@ -37,7 +43,7 @@ def test_two_apps_keep_separate_metrics():
 
 
 def test_metrics_switched_off():
-    app = create_app(Settings(observability={"metrics": False}), load_models=False)
+    app = make_app(metrics=False)
     assert not hasattr(app.state, "metrics")
     assert app.state.runtime.request_listeners == []
     with TestClient(app) as client:
