@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -29,26 +30,43 @@ def collect(stream: SpeechStream) -> np.ndarray:
     return np.concatenate([f.samples for f in frames])
 
 
-def test_first_chunk_comes_from_the_first_clause(synthesizer: Synthesizer) -> None:
-    stream = synthesizer.open_stream(16000)
-    words = tokens(REPLY)
-    first_clause = "Sure, I can book that table for you tonight,"
-    released = []
-    fed = 0
-    while not released:
-        released = stream.push_text(words[fed])
-        fed += 1
-    assert released[0].text == first_clause
-    frame = stream.read(timeout=30)  # audio arrives while the rest of the reply is still to come
-    assert frame is not None
-    assert frame.origin.chunk_index == 0 and frame.origin.text == first_clause
-    assert frame.start_sample == 0 and len(frame.samples) == 320
-    for w in words[fed:]:
-        stream.push_text(w)
-    stream.end_text()
-    rest = list(stream.frames(timeout=30))
-    assert {f.origin.chunk_index for f in rest} == {0, 1}
-    assert [f.start_sample for f in [frame, *rest]] == [i * 320 for i in range(len(rest) + 1)]
+@contextmanager
+def synthesizer_with(synthesizer: Synthesizer, **tts_settings):
+    """The same voice with other TTS settings (its own worker)."""
+    from voicepipe.config import TTSSettings
+
+    other = Synthesizer(synthesizer.voice, TTSSettings(**tts_settings))
+    try:
+        yield other
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize(("first_chunk_words", "first_chunk", "chunks"), [
+    (0, "Sure, I can book that table for you tonight,", 2),  # the whole first clause
+    (4, "Sure, I can book", 3),  # the default: four words, then clauses
+])
+def test_the_first_chunk_is_spoken_while_the_reply_is_still_coming(synthesizer: Synthesizer, first_chunk_words: int,
+                                                                   first_chunk: str, chunks: int) -> None:
+    with synthesizer_with(synthesizer, first_chunk_words=first_chunk_words) as synth:
+        stream = synth.open_stream(16000)
+        words = tokens(REPLY)
+        released = []
+        fed = 0
+        while not released:
+            released = stream.push_text(words[fed])
+            fed += 1
+        assert released[0].text == first_chunk
+        frame = stream.read(timeout=30)  # audio arrives while the rest of the reply is still to come
+        assert frame is not None
+        assert frame.origin.chunk_index == 0 and frame.origin.text == first_chunk
+        assert frame.start_sample == 0 and len(frame.samples) == 320
+        for w in words[fed:]:
+            stream.push_text(w)
+        stream.end_text()
+        rest = list(stream.frames(timeout=30))
+        assert {f.origin.chunk_index for f in rest} == set(range(chunks))
+        assert [f.start_sample for f in [frame, *rest]] == [i * 320 for i in range(len(rest) + 1)]
 
 
 @pytest.mark.parametrize("rate", [8000, 16000, 24000, 48000])
@@ -115,9 +133,10 @@ def test_word_boundaries_match_the_audio(synthesizer: Synthesizer, transcriber: 
     """Cut at a word's start sample, the audio holds the word before it and not the word itself. (Whisper may
     render the sliver of the next word's onset as a short word, so the previous word is one of the last two.)"""
     text = "I would like to cancel my order for the blue bicycle today."
-    stream = synthesizer.open_stream(16000)
-    stream.say(text)
-    audio = int16_to_float32(collect(stream))
+    with synthesizer_with(synthesizer, first_chunk_words=0) as synth:  # one chunk: one origin with every word
+        stream = synth.open_stream(16000)
+        stream.say(text)
+        audio = int16_to_float32(collect(stream))
     words = stream.cursor.origins[0].words
     for index, before in [(6, "my"), (10, "blue")]:  # cut where "order" and "bicycle" start
         head = normalize_words(transcriber.transcribe(audio[: words[index].sample_start]).text)
@@ -125,10 +144,7 @@ def test_word_boundaries_match_the_audio(synthesizer: Synthesizer, transcriber: 
 
 
 def test_a_slow_reader_holds_synthesis_back_without_losing_audio(synthesizer: Synthesizer) -> None:
-    from voicepipe.config import TTSSettings
-
-    small = Synthesizer(synthesizer.voice, TTSSettings(max_queued_s=0.5))  # same voice, its own worker
-    try:
+    with synthesizer_with(synthesizer, max_queued_s=0.5, first_chunk_words=0) as small:
         stream = small.open_stream(16000)
         stream.say("One two three four five. Six seven eight nine ten. Eleven twelve thirteen fourteen.")
         time.sleep(3.0)  # nobody reads: the worker stops once half a second of audio waits
@@ -138,5 +154,3 @@ def test_a_slow_reader_holds_synthesis_back_without_losing_audio(synthesizer: Sy
         frames = list(stream.frames(timeout=30))
         assert frames[-1].last and len(stream.cursor.origins) == 3
         assert len(frames) * 320 >= stream.cursor.total_samples - 320  # nothing was dropped
-    finally:
-        small.close()

@@ -195,7 +195,7 @@ def bench_tts(tts, repeats: int, progress: Callable[[str], None]) -> dict:
     s = tts.settings
     variants = (("first_audio_ms", TTS_SENTENCE, s.first_chunk_words),
                 ("first_audio_comma_ms", TTS_SENTENCE_WITH_COMMA, s.first_chunk_words),
-                ("first_audio_eager4_ms", TTS_SENTENCE, 4))
+                ("first_audio_whole_clause_ms", TTS_SENTENCE, 0))
     for key, text, first_words in variants:
         firsts = []
         for _ in range(repeats):
