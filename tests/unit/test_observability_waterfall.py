@@ -40,6 +40,7 @@ def test_one_bar_group_per_turn_on_one_scale() -> None:
     turns.append({"turn": 4, "timeline": {}, "timings_ms": {}, "voice_to_voice_ms": None})
     svg = waterfall_svg(turns)
     assert svg.count('<g class="turn') == 4 and '<g class="turn interrupted" data-turn="2">' in svg
+    assert "turn 2 ⚡ · 780 ms" in svg and "turn 3 · 780 ms" in svg
     assert svg.count('data-stage="prefill"') == 3 and "no timings" in svg
 
 

@@ -119,7 +119,8 @@ def waterfall_svg(turns: list[dict[str, Any]], width: int = 960) -> str:
         y = top + i * row_h
         classes = "turn interrupted" if turn.get("interrupted") else "turn"
         v2v = _number(turn.get("voice_to_voice_ms"))
-        label = f"turn {turn['turn']}" + (f" · {v2v:.0f} ms" if v2v is not None else "")
+        label = (f"turn {turn['turn']}" + (" ⚡" if turn.get("interrupted") else "")  # ⚡: the caller barged in
+                 + (f" · {v2v:.0f} ms" if v2v is not None else ""))
         out.append(f'<g class="{classes}" data-turn="{int(turn["turn"])}">'
                    f'<text class="turn-label" x="4" y="{y + bar_h - 3}">{escape(label)}</text>')
         for s in segments:
