@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from tests.observability_helpers import report_call
 from voicepipe.config import load_settings
+from voicepipe.observability.store import CallStore
 from voicepipe.observability.timeline import EVENTS, derive_timings
 from voicepipe.pipeline.session import CallRecord, TurnRecord
 from voicepipe.server import create_app
@@ -193,3 +194,15 @@ def test_odd_stored_values_do_not_break_the_pages(served) -> None:
     assert page.status_code == 200
     assert "<script>" not in page.text and "odd &lt;b&gt;&amp;" in page.text
     assert client.get("/dashboard", params={"range": "all"}).status_code == 200
+
+
+def test_the_app_opens_the_store_at_start_up_and_commits_it_at_shutdown(tmp_path: Path) -> None:
+    app = make_app(tmp_path, flush_interval_s=1.0)
+    with TestClient(app):
+        store = app.state.call_store
+        assert store in app.state.observers.observers
+        report_call(app.state.observers, CallRecord("call-1", "twilio", turns=[full_turn(1, 1.0)]))
+    assert app.state.call_store is None and store not in app.state.observers.observers
+    reopened = CallStore(tmp_path / "data" / "calls.sqlite3")
+    assert reopened.get_call("call-1")["turn_count"] == 1  # committed at shutdown, before the flush interval
+    reopened.close()
