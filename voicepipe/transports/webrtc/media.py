@@ -24,9 +24,7 @@ from collections.abc import Callable
 import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
-
-from voicepipe.audio import StreamResampler
+from av import AudioFrame, AudioResampler
 
 log = logging.getLogger(__name__)
 
@@ -45,32 +43,21 @@ def audio_frame(pcm: np.ndarray, rate: int, pts: int) -> AudioFrame:
     return frame
 
 
-def frame_to_mono(frame: AudioFrame) -> np.ndarray:
-    """The frame's samples, channels averaged, as int16 at the frame's own rate."""
-    data = frame.to_ndarray()
-    channels = len(frame.layout.channels)
-    if not frame.format.is_planar:  # interleaved: shape (1, samples * channels)
-        data = data.reshape(-1, channels).T
-    if data.dtype.kind == "f":
-        data = np.clip(data, -1.0, 1.0) * 32767.0
-    mono = data.astype(np.float32).mean(axis=0) if channels > 1 else data[0]
-    return np.asarray(mono).astype(np.int16)
-
-
 class MonoInput:
-    """Received frames -> mono int16 at `rate` (one per received track: the resampler keeps its state)."""
+    """Received frames -> mono int16 at `rate`, channels averaged (one per received track: it keeps state).
+
+    libswresample does it: any sample format and layout, and only a few samples of delay where the rate
+    changes (soxr's streaming upsampler would hold back 8 kHz G.711 audio in bursts of ~130 ms)."""
 
     def __init__(self, rate: int = RATE) -> None:
         self.rate = rate
-        self._resampler: StreamResampler | None = None
+        self._resampler = AudioResampler(format="s16", layout="mono", rate=rate)
 
     def convert(self, frame: AudioFrame) -> np.ndarray:
-        mono = frame_to_mono(frame)
-        if frame.sample_rate == self.rate:
-            return mono
-        if self._resampler is None or self._resampler.in_rate != frame.sample_rate:
-            self._resampler = StreamResampler(frame.sample_rate, self.rate)
-        return self._resampler.process(mono)
+        out = [f.to_ndarray()[0] for f in self._resampler.resample(frame)]
+        if not out:
+            return np.zeros(0, np.int16)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
 
 async def drain(track: MediaStreamTrack, sink: Callable[[np.ndarray], None] | None = None) -> None:
