@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
+import threading
 import time
 import wave
 from pathlib import Path
@@ -146,6 +148,62 @@ def test_garbage_sdp_gets_400_and_the_server_keeps_serving(server) -> None:
     assert app.state.calls.get("after-garbage").end_reason == "hangup"
 
 
+VANISHING_CALLER = """
+import asyncio, sys
+import numpy as np
+from voicepipe.transports.webrtc.client_link import PeerClient
+
+async def main():
+    async with PeerClient(sys.argv[1], sys.argv[2], {"greeting": sys.argv[3]}) as peer:
+        print("connected", flush=True)
+        while True:  # a live caller's line: silence at real time, until the process is killed
+            await peer.send(np.zeros(960, np.int16))
+            await asyncio.sleep(0.02)
+
+asyncio.run(main())
+"""
+
+
+def test_a_vanishing_peer_ends_its_call_and_another_call_carries_on(server, voice_dir: Path) -> None:
+    """A caller killed mid-greeting (no hang-up, no DTLS close) is noticed within seconds; a concurrent
+    WebRTC call is not disturbed."""
+    base, app = server
+    turns = [("What is the capital of France?", "france"), ("I lost my credit card.", "credit")]
+    healthy: dict = {}
+    utts = [speak(text, voice_dir) for text, _ in turns]
+
+    def healthy_call() -> None:
+        healthy["result"] = asyncio.run(run_call(base, "webrtc", utts, quiet_s=0.6, reply_timeout_s=90))
+
+    thread = threading.Thread(target=healthy_call)
+    thread.start()
+    greeting = "Hello, and welcome. " * 6  # still talking when the caller vanishes
+    proc = subprocess.Popen([sys.executable, "-c", VANISHING_CALLER, base, "vanishing", greeting],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "connected", proc.stderr.read()
+        wait_until(lambda: "vanishing" in app.state.calls.active, 15, "the vanishing caller's call to start")
+        time.sleep(1.0)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    killed = time.monotonic()
+    wait_until(lambda: "vanishing" not in app.state.calls.active, 30, "the vanished caller's call to end")
+    print(f"a vanished WebRTC caller's call ended {time.monotonic() - killed:.1f} s after the kill")
+    assert time.monotonic() - killed < 20
+    assert app.state.calls.get("vanishing").end_reason == "disconnected"
+
+    thread.join(240)
+    result = healthy["result"]
+    record = result.record
+    assert record["end_reason"] == "hangup"
+    for t, (_, key) in zip(record["turns"], turns, strict=True):
+        assert key in t["user_text"].lower(), (key, t["user_text"])
+        assert t["agent_text"].strip() and t["error"] is None
+    assert all(turn.audio_s > 0.3 for turn in result.turns)
+    wait_until(lambda: no_calls_left(app), 10, "every call to go")
+
+
 def caller_wav(directory: Path, text: str, lead_s: float, tail_s: float) -> Path:
     """A 16-bit mono WAV for Chromium's fake microphone: silence, the sentence, silence."""
     audio, rate = read_wav(espeak(text, directory))
@@ -169,10 +227,31 @@ INBOUND_AUDIO_JS = """async () => {
 }"""
 
 
+# The turn of the caller's final line that holds the key word (a stray noise may have made an empty turn first).
+USER_TURN_JS = """() => {
+  const lines = [...document.querySelectorAll('#transcript li.user:not(.partial)')];
+  const line = lines.find((li) => li.textContent.toLowerCase().includes('france'));
+  return line ? Number(line.dataset.turn) : null;
+}"""
+
+
+def wait_for_page(page, js: str, timeout_s: float, app):
+    """`page.wait_for_function`, failing with what the page and the server saw."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        return page.wait_for_function(js, timeout=timeout_s * 1000).json_value()
+    except PlaywrightTimeout:
+        events = page.evaluate("window.softphone.events")
+        records = {k: (c.state.value, c.record.turns) for k, c in app.state.calls.active.items()}
+        raise AssertionError(f"the page never showed {js!r}\nstate {page.evaluate('window.softphone.state')}\n"
+                             f"events {events}\nlive calls {records}\nended {list(app.state.calls.ended)}") from None
+
+
 def test_softphone_in_headless_chromium(server, voice_dir: Path) -> None:
     """The page's microphone says one sentence: the page shows its transcript and plays the agent's reply."""
     base, app = server
-    wav = caller_wav(voice_dir, "What is the capital of France?", lead_s=4.0, tail_s=10.0)
+    wav = caller_wav(voice_dir, "What is the capital of France?", lead_s=4.0, tail_s=1.0)
     flags = ("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
              f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required")
     with chromium(*flags) as browser:
@@ -180,16 +259,20 @@ def test_softphone_in_headless_chromium(server, voice_dir: Path) -> None:
         page.goto(f"{base}/")
         page.click("#call")
         page.wait_for_function("window.softphone.state === 'in call'", timeout=30000)
-        page.wait_for_function("(document.querySelector('#line-user-1:not(.partial)') || {}).textContent"
-                               "?.toLowerCase().includes('france')", timeout=90000)
+        started = time.monotonic()  # the file (about 7 s) plays from about here
+        turn = wait_for_page(page, USER_TURN_JS, 90, app)  # the line of the caller's final words
         before = page.evaluate(INBOUND_AUDIO_JS)
-        page.wait_for_function("document.querySelector('#line-agent-1:not(.partial)')?.textContent.trim()",
-                               timeout=60000)
+        wait_for_page(page, f"document.querySelector('#line-agent-{turn}:not(.partial)')?.textContent.trim()",
+                      60, app)
         call_id = page.evaluate("window.softphone.callId")
         wait_until(lambda: app.state.calls.active.get(call_id) is not None
                    and app.state.calls.active[call_id].state.value == "listening", 60, "the reply to play out")
         after = page.evaluate(INBOUND_AUDIO_JS)
         playing = page.evaluate("!document.querySelector('#agent-audio').paused")
+        # The fake microphone's file is over, but the page still sends (silent) audio: the call lives on.
+        time.sleep(max(0.0, started + 8.0 + 12.0 - time.monotonic()))
+        assert page.evaluate("window.softphone.state") == "in call"
+        assert call_id in app.state.calls.active, "the call ended while the page was still in it"
         page.click("#hangup")
         page.wait_for_function("window.softphone.state === 'ended'", timeout=10000)
 
@@ -200,8 +283,9 @@ def test_softphone_in_headless_chromium(server, voice_dir: Path) -> None:
     assert after["energy"] - before["energy"] > 0.01, (before, after)
     wait_until(lambda: no_calls_left(app), 15, "the call to end after the hang-up")
     record = app.state.calls.get(call_id)
-    print(f"softphone call {call_id}: {record.end_reason}; caller {record.turns[0].user_text!r}, "
-          f"agent {record.turns[0].agent_text!r}")
-    assert record.end_reason in ("hangup", "disconnected"), record.end_reason
-    assert "france" in record.turns[0].user_text.lower()
-    assert record.turns[0].agent_text.strip()
+    answered = record.turns[turn - 1]
+    print(f"softphone call {call_id}: {record.end_reason}; caller {answered.user_text!r}, "
+          f"agent {answered.agent_text!r}")
+    assert record.end_reason == "hangup", record.end_reason  # the page's stop on the data channel
+    assert "france" in answered.user_text.lower()
+    assert answered.agent_text.strip()

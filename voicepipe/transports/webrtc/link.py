@@ -7,7 +7,8 @@ every WebSocket transport uses:
 - `receive()` yields, as WebSocket messages: a native `start` (48 kHz PCM16, marks on) once the peer
   connection is up, the caller's audio (every received audio track is drained; the first one is the
   caller, downmixed to mono), the marks the agent track echoes as it plays, a `stop` when the page hangs
-  up over the data channel, and a disconnect when the connection closes or fails.
+  up over the data channel, and a disconnect when the connection closes or fails, or when the caller's
+  audio stops arriving for `MEDIA_TIMEOUT_S` (the peer vanished).
 - `send_bytes()` queues agent audio on the paced outbound track; `send_text()` applies the native
   `mark` and `clear` messages to that track and forwards everything else (transcripts, agent text, turn
   timings, errors) to the data channel, if the client opened one.
@@ -29,6 +30,9 @@ from voicepipe.transports.webrtc.media import RATE, PacedTrack, drain
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 30.0  # from the answer to a connected peer
+# Browsers and aiortc send audio frames all the time (silence too), so a connected peer that sends none for
+# this long has vanished; ICE consent checks alone would take about 30 s to notice.
+MEDIA_TIMEOUT_S = 10.0
 MAX_INBOX = 1500  # 30 s of 20 ms frames: a call this far behind drops its oldest input
 MAX_PENDING_TEXT = 200  # events kept for a data channel that has not opened yet
 DISCONNECT = {"type": "websocket.disconnect"}
@@ -55,7 +59,10 @@ class PeerLink:
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_state)
-        self._connect_timer = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
+        self._loop = asyncio.get_running_loop()
+        self._connect_timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
+        self._media_timer: asyncio.TimerHandle | None = None
+        self._last_audio = 0.0
 
     # -- peer events ------------------------------------------------------------------------------
     def _on_track(self, track) -> None:
@@ -83,6 +90,8 @@ class PeerLink:
             self._started = True
             self._connect_timer.cancel()
             self._inbox.put_nowait({"type": "websocket.receive", "text": self._start})
+            self._last_audio = self._loop.time()
+            self._check_media()
         elif state in ("failed", "closed"):
             self._end(f"connection {state}")
 
@@ -90,6 +99,13 @@ class PeerLink:
         if not self._started:
             log.warning("%s: no connection within %.0f s (ICE or DTLS failed)", self.label, CONNECT_TIMEOUT_S)
             self._end("never connected")
+
+    def _check_media(self) -> None:
+        silent = self._loop.time() - self._last_audio
+        if silent >= MEDIA_TIMEOUT_S:
+            self._end(f"no audio from the caller for {silent:.0f} s")
+        elif not self._ended and not self.closed:
+            self._media_timer = self._loop.call_later(1.0, self._check_media)
 
     def _end(self, why: str) -> None:
         if not self._ended:
@@ -100,6 +116,7 @@ class PeerLink:
     def _caller_audio(self, samples: np.ndarray) -> None:
         if not self._started or self._ended:
             return
+        self._last_audio = self._loop.time()
         if self._inbox.qsize() >= MAX_INBOX:
             log.warning("%s: the call is %d frames behind its audio; dropping the oldest", self.label, MAX_INBOX)
             with contextlib.suppress(asyncio.QueueEmpty):
@@ -161,6 +178,8 @@ class PeerLink:
             return
         self.closed = True
         self._connect_timer.cancel()
+        if self._media_timer is not None:
+            self._media_timer.cancel()
         if self.channel is not None and self.channel.readyState == "open" and code != 1000:
             with contextlib.suppress(Exception):
                 self.channel.send(json.dumps({"type": "closed", "code": code, "reason": reason}))
