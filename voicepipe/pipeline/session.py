@@ -35,6 +35,7 @@ from voicepipe.config import CallSettings, Settings
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.timeline import derive_timings
 from voicepipe.pipeline.resources import CallResources
+from voicepipe.vad.boundary import audible_end
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,7 @@ class CallSession:
                 self._speech_end = ev.sample
                 self._speech_start = None
                 if self._stt_turn_active:
-                    self._next_timeline["speech_end"] = self._sample_time(ev.sample)
+                    self._next_timeline["speech_end"] = self._sample_time(self._audible_end(ev.sample))
             elif ev.kind == "end_of_turn":
                 self._on_end_of_turn()
         if self._speech_start is not None and self.state in (CallState.THINKING, CallState.SPEAKING):
@@ -286,6 +287,14 @@ class CallSession:
         limit = int(PREROLL_S * PIPELINE_RATE)
         while self._preroll and self._preroll_len - len(self._preroll[0]) >= limit:
             self._preroll_len -= len(self._preroll.pop(0))
+
+    def _audible_end(self, vad_end: int) -> int:
+        """The VAD's speech end pulled back to the caller's last audible sound (see `vad/boundary.py`)."""
+        if not self._preroll:
+            return vad_end
+        recent = np.concatenate(self._preroll)
+        first = self._vad_pos - len(recent)
+        return first + audible_end(recent, vad_end - first, PIPELINE_RATE)
 
     def _on_speech_start(self, sample: int, chunk_start: int) -> None:
         self._speech_start = sample
