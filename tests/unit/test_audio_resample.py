@@ -1,4 +1,4 @@
-"""soxr resampling: tones keep pitch and level, and 20 ms streaming equals one-shot resampling."""
+"""Resampling: tones keep pitch and level, 20 ms streaming equals one-shot resampling, and no audio is held back."""
 
 from itertools import pairwise
 
@@ -118,3 +118,13 @@ def test_bad_input_is_rejected():
         StreamResampler(0, 16000)
     with pytest.raises(TypeError):
         resample(np.zeros(10, dtype=np.int32), 8000, 16000)
+
+
+@pytest.mark.parametrize(("in_rate", "out_rate"), [(8000, 16000), (16000, 8000), (22050, 8000), (48000, 16000)])
+def test_each_20ms_chunk_comes_out_at_once(in_rate, out_rate):
+    """A call's VAD must see each caller frame as it arrives: at most a few samples are held back, never a block."""
+    resampler = StreamResampler(in_rate, out_rate)
+    frame, expected = in_rate // 50, out_rate // 50
+    x = float32_to_int16(tone(in_rate))
+    sizes = [len(resampler.process(x[i: i + frame])) for i in range(0, len(x), frame)]
+    assert all(expected - 40 <= n <= expected + 40 for n in sizes), sizes
