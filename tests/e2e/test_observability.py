@@ -75,7 +75,7 @@ def test_a_three_turn_call_has_a_full_monotonic_timeline_and_a_recording(server,
     base, app, root = server
     utts = [speak(text, voice_dir) for text, _ in THREE_TURNS]
     before = scrape(base)
-    result = asyncio.run(run_call(ws_url(base, "twilio"), "twilio", utts, quiet_s=0.6,
+    result = asyncio.run(run_call(ws_url(base, "twilio"), "twilio", utts, quiet_s=1.5,  # every reply plays out
                                   record_url=base.replace("ws://", "http://")))
     turns = result.record["turns"]
     after = wait_for_scrape(base, lambda m: m.value("voicepipe_calls_total", transport="twilio") >
