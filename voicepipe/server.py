@@ -19,7 +19,7 @@ from voicepipe.observability.hooks import Observers
 from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
-from voicepipe.transports.webrtc import create_webrtc_router
+from voicepipe.transports.webrtc import create_webrtc_router, hang_up_webrtc_calls
 from voicepipe.web import mount_softphone
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
             loading = asyncio.create_task(asyncio.to_thread(runtime.load), name="load-models")
             loading.add_done_callback(_log_load_failure)
         yield
+        await hang_up_webrtc_calls(app)  # WebRTC calls are no connections uvicorn knows to close
         if loading is not None and not loading.done():
             await asyncio.wait([loading])  # the thread cannot be interrupted; let it finish cleanly
         await asyncio.to_thread(runtime.close)

@@ -23,6 +23,7 @@ from tests.e2e.test_call_transports import THREE_TURNS, speak
 from tests.net_helpers import in_process_server
 from voicepipe.config import load_settings
 from voicepipe.transports.client import Utterance, WebRtcWire, format_report, run_call
+from voicepipe.transports.webrtc import hang_up_webrtc_calls
 from voicepipe.transports.webrtc.client_link import PeerClient
 
 pytestmark = pytest.mark.e2e
@@ -165,9 +166,33 @@ def test_garbage_sdp_gets_400_and_the_server_keeps_serving(server) -> None:
     assert app.state.calls.get("after-garbage").end_reason == "hangup"
 
 
+def test_server_shutdown_hangs_up_webrtc_calls(server) -> None:
+    """What the app's shutdown does before it closes the models: every WebRTC call ends as a hang-up."""
+    base, app = server
+
+    async def call_then_shutdown() -> tuple[int | None, str]:
+        async with PeerClient(base, "shutdown-call", {"greeting": None}) as peer:
+            wait = time.monotonic() + 10
+            while "shutdown-call" not in app.state.calls.active and time.monotonic() < wait:
+                await asyncio.sleep(0.05)
+            server_loop = next(iter(app.state.webrtc_calls)).get_loop()
+            future = asyncio.run_coroutine_threadsafe(hang_up_webrtc_calls(app), server_loop)
+            await asyncio.wrap_future(future)
+            wait = time.monotonic() + 10
+            while peer.pc.connectionState != "closed" and time.monotonic() < wait:
+                await asyncio.sleep(0.05)
+            return peer.close_code, peer.pc.connectionState
+
+    code, state = asyncio.run(call_then_shutdown())
+    assert state == "closed" and code == 1000, (code, state)
+    assert no_calls_left(app)
+    assert app.state.calls.get("shutdown-call").end_reason == "shutdown"
+
+
 VANISHING_CALLER = """
 import asyncio, sys
 import numpy as np
+from voicepipe.transports.webrtc import hang_up_webrtc_calls
 from voicepipe.transports.webrtc.client_link import PeerClient
 
 async def main():

@@ -248,6 +248,12 @@ async def link_scenario() -> dict:
         if "text" in message:
             stop = json.loads(message["text"])
     drains_running = sum(not t.done() for t in link._drains)
+    link.hang_up("shutdown")  # what the server's shutdown does
+    shutdown = None
+    while shutdown is None:
+        message = await asyncio.wait_for(link.receive(), 10)
+        if "text" in message:
+            shutdown = json.loads(message["text"])
     await link.close()
     await client.close()
     end = await asyncio.wait_for(link.receive(), 5)
@@ -256,7 +262,8 @@ async def link_scenario() -> dict:
     for task in readers:
         task.cancel()
     return {"start": start, "audio": np.frombuffer(audio, "<i2"), "marks": marks, "text": got_text, "stop": stop,
-            "end": end, "drains": drains_running, "agent": agent_audio, "state": server_pc.connectionState}
+            "shutdown": shutdown, "end": end, "drains": drains_running, "agent": agent_audio,
+            "state": server_pc.connectionState}
 
 
 def test_peer_link_carries_a_call_over_a_real_peer_connection() -> None:
@@ -268,5 +275,6 @@ def test_peer_link_carries_a_call_over_a_real_peer_connection() -> None:
     assert r["marks"] == [{"type": "mark", "name": "vp:0:0"}]  # echoed once the audio before it went out
     assert json.loads(r["text"][0])["text"] == "hello"  # events reach the data channel
     assert r["stop"] == {"type": "stop", "reason": "hangup"}
+    assert r["shutdown"] == {"type": "stop", "reason": "shutdown"}
     assert r["end"] == {"type": "websocket.disconnect"} and r["state"] == "closed"
     assert any(np.abs(a).max() > 2000 for a in r["agent"]), "the agent audio did not reach the client"

@@ -135,6 +135,14 @@ class PeerLink:
         else:
             log.info("%s: ignoring a data channel message (%s)", self.label, kind or "not a JSON object")
 
+    def hang_up(self, reason: str) -> None:
+        """End the call from this side, as the caller's hang-up would (e.g. the server is stopping)."""
+        if self._started and not self._ended:
+            self._inbox.put_nowait({"type": "websocket.receive", "text": json.dumps({"type": "stop",
+                                                                                     "reason": reason})})
+        else:
+            self._end(reason)
+
     def _played(self, mark: str) -> None:
         if not self._ended:
             self._inbox.put_nowait({"type": "websocket.receive", "text": json.dumps({"type": "mark", "name": mark})})

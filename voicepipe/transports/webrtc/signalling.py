@@ -39,7 +39,7 @@ class BadOffer(ValueError):
 
 def create_webrtc_router(app: FastAPI) -> APIRouter:
     """The WebRTC endpoints; live peer calls are kept on `app.state.webrtc_calls`."""
-    app.state.webrtc_calls = set()
+    app.state.webrtc_calls = {}  # task -> its PeerLink
     router = APIRouter()
 
     @router.get("/webrtc/config")
@@ -144,11 +144,26 @@ async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
     conn = Connection(link, "webrtc", NativeSerializer(), app.state.settings, resources, app.state.calls,
                       app.state.observers)
     task = asyncio.create_task(_serve(conn, link), name=f"webrtc-{start['call_id']}")
-    calls: set = app.state.webrtc_calls
-    calls.add(task)
-    task.add_done_callback(calls.discard)
+    calls: dict = app.state.webrtc_calls
+    calls[task] = link
+    task.add_done_callback(lambda t: calls.pop(t, None))
     local = pc.localDescription
     return {"sdp": local.sdp, "type": local.type, "call_id": start["call_id"]}
+
+
+async def hang_up_webrtc_calls(app, reason: str = "shutdown", timeout_s: float = 5.0) -> None:
+    """End every live WebRTC call as a hang-up would (the server is stopping), then cancel any that lingers."""
+    calls: dict = getattr(app.state, "webrtc_calls", {})
+    if not calls:
+        return
+    log.info("webrtc: hanging up %d call(s): %s", len(calls), reason)
+    for link in list(calls.values()):
+        link.hang_up(reason)
+    tasks = list(calls)
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def _serve(conn: Connection, link: PeerLink) -> None:
