@@ -6,6 +6,7 @@ import pytest
 
 from tests.speech_corpus import Corpus, build_corpora
 from voicepipe.config import Settings
+from voicepipe.llm.loader import load_causal_lm
 from voicepipe.models import resolve_model
 from voicepipe.stt import Transcriber
 from voicepipe.stt.model import stt_placement
@@ -39,3 +40,10 @@ def synthesizer(settings: Settings):
 def corpora(synthesizer: Synthesizer) -> dict[str, Corpus]:
     """The espeak-ng and Piper corpora (built once, cached under tests/.generated/)."""
     return build_corpora(synthesizer.voice)
+
+
+@pytest.fixture(scope="session")
+def engine_model(settings: Settings):
+    """(model, tokenizer) for the LLM engines under test; the engine registers its attention function on the
+    model, so an oracle must load its own copy."""
+    return load_causal_lm(resolve_model(settings.models.llm, "llm", settings.paths.models_dir), "cpu", "float32")

@@ -11,8 +11,7 @@ import asyncio
 import pytest
 import torch
 
-from voicepipe.config import LLMSettings
-from voicepipe.llm.engine import LLMEngine
+from tests.llm_helpers import start_engine
 from voicepipe.llm.loader import load_causal_lm
 from voicepipe.models import resolve_model
 
@@ -45,16 +44,9 @@ def greedy_reference(reference, prompt_ids: list[int], n: int = N) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
-def make_engine(llm_path, **overrides) -> LLMEngine:
-    model, tokenizer = load_causal_lm(llm_path, "cpu", "float32")
-    engine = LLMEngine(model, tokenizer, LLMSettings(**{"kv_cache_mib": 128, **overrides}))
-    engine.start()
-    return engine
-
-
 @pytest.fixture(scope="module")
-def engine(llm_path):
-    engine = make_engine(llm_path)
+def engine(engine_model):
+    engine = start_engine(engine_model, kv_cache_mib=128)
     yield engine
     engine.stop()
 
@@ -159,9 +151,9 @@ async def test_truncate_then_one_more_turn_matches_generate(engine, reference):
     engine.close_session(session)
 
 
-async def test_preempted_request_resumes_and_matches_generate(llm_path, reference):
+async def test_preempted_request_resumes_and_matches_generate(engine_model, reference):
     # a pool of 6 blocks x 16 tokens: two of these requests cannot both hold their KV
-    engine = make_engine(llm_path, kv_cache_mib=4, block_size=16, max_tokens_per_step=64)
+    engine = start_engine(engine_model, kv_cache_mib=4, block_size=16, max_tokens_per_step=64)
     try:
         assert engine.blocks.num_blocks <= 6
         low_msgs = [{"role": "user", "content": "List some colours of the rainbow please."}]

@@ -8,9 +8,8 @@ import asyncio
 import pytest
 import torch
 
-from voicepipe.config import LLMSettings
+from tests.llm_helpers import start_engine
 from voicepipe.errors import VoicepipeError
-from voicepipe.llm.engine import LLMEngine
 from voicepipe.llm.errors import (
     ContextOverflowError,
     EmptyMessagesError,
@@ -20,8 +19,6 @@ from voicepipe.llm.errors import (
     UnknownRoleError,
     UnknownTierError,
 )
-from voicepipe.llm.loader import load_causal_lm
-from voicepipe.models import resolve_model
 
 pytestmark = pytest.mark.e2e
 
@@ -29,21 +26,8 @@ HI = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def loaded(settings):
-    path = resolve_model(settings.models.llm, "llm", settings.paths.models_dir)
-    return load_causal_lm(path, "cpu", "float32")
-
-
-def make_engine(loaded, **overrides) -> LLMEngine:
-    model, tokenizer = loaded
-    engine = LLMEngine(model, tokenizer, LLMSettings(**{"kv_cache_mib": 64, **overrides}))
-    engine.start()
-    return engine
-
-
-@pytest.fixture(scope="module")
-def engine(loaded):
-    engine = make_engine(loaded)
+def engine(engine_model):
+    engine = start_engine(engine_model)
     yield engine
     engine.stop()
 
@@ -71,8 +55,8 @@ async def test_bad_input_is_rejected_clearly_and_engine_keeps_serving(engine, me
     await still_serves(engine)
 
 
-async def test_prompt_longer_than_context_without_compaction(loaded):
-    engine = make_engine(loaded, context_tokens=64, compaction=False)
+async def test_prompt_longer_than_context_without_compaction(engine_model):
+    engine = start_engine(engine_model, context_tokens=64, compaction=False)
     try:
         long = [{"role": "user", "content": "word " * 200}]
         with pytest.raises(ContextOverflowError, match="compaction is off"):
@@ -86,8 +70,8 @@ async def test_prompt_longer_than_context_without_compaction(loaded):
         engine.stop()
 
 
-async def test_compaction_keeps_system_prompt_and_recent_turns(loaded):
-    engine = make_engine(loaded, context_tokens=160, compaction=True, compaction_target=0.8)
+async def test_compaction_keeps_system_prompt_and_recent_turns(engine_model):
+    engine = start_engine(engine_model, context_tokens=160, compaction=True, compaction_target=0.8)
     try:
         session = engine.open_session("You are terse.")
         for i in range(6):
@@ -194,8 +178,8 @@ async def test_multibyte_characters_stream_whole(engine):
         [t for t in gen.token_ids if t not in gen.request.stop_ids], skip_special_tokens=True)
 
 
-async def test_overloaded_when_not_admitted_in_time(loaded):
-    engine = make_engine(loaded, max_running=1, admission_timeout_s=0.2)
+async def test_overloaded_when_not_admitted_in_time(engine_model):
+    engine = start_engine(engine_model, max_running=1, admission_timeout_s=0.2)
     try:
         first = engine.generate(None, HI, max_tokens=400, ignore_eos=True)
         task = asyncio.ensure_future(collect(first))
@@ -210,8 +194,8 @@ async def test_overloaded_when_not_admitted_in_time(loaded):
         engine.stop()
 
 
-async def test_raw_completion_matches_generate_and_hits_prefix_cache(engine, loaded):
-    model_ref, tokenizer = loaded  # the engine's own model: plain generate still runs stock SDPA on it
+async def test_raw_completion_matches_generate_and_hits_prefix_cache(engine, engine_model):
+    model_ref, tokenizer = engine_model  # the engine's own model: plain generate still runs stock SDPA on it
     prompt = "The three primary colours are red, yellow and"
     gen = engine.complete(prompt, max_tokens=8)
     await collect(gen)

@@ -276,12 +276,16 @@ class Harness:
                 return
         raise AssertionError("condition not reached")
 
-    async def one_turn(self) -> None:
-        """Speech, then its end of turn; waits until the agent speaks."""
+    def speak(self, ms: float) -> None:
+        """A caller turn of `ms` of speech, its end, and the end-of-turn decision (all at once)."""
         self.push(20, self.ev("speech_start"))
-        self.push(400)
+        self.push(ms)
         self.push(20, self.ev("speech_end"))
         self.push(20, self.ev("end_of_turn"))
+
+    async def one_turn(self) -> None:
+        """Speech, then its end of turn; waits until the agent speaks."""
+        self.speak(400)
         assert self.call.state is CallState.THINKING
         await self.settle(lambda: self.call.state is CallState.SPEAKING)
 
@@ -341,6 +345,11 @@ def test_barge_in_clears_and_rolls_back_to_the_heard_words() -> None:
         turn = h.call.record.turns[0]
         assert turn.interrupted and turn.heard_text == "Hello there"
         assert h.call.record.barge_ins == 1
+        # The observers get the interrupted turn once, with what was heard and when it was cut.
+        await h.settle(lambda: len(h.observer.turns) == 1)
+        assert h.observer.turns == [turn] and "playout_end" not in turn.timeline
+        assert turn.timeline["interrupted"] >= turn.timeline["first_audio_sent"]
+        assert any(e["type"] == "barge_in" and e["heard_text"] == "Hello there" for e in h.observer.events)
         h.push(200)
         assert h.output.clears == 1  # one barge-in per reply
         # The interrupting speech is the next turn.
@@ -358,10 +367,7 @@ def test_a_short_noise_while_speaking_does_not_interrupt() -> None:
         h = Harness()
         await h.call.start()
         await h.one_turn()
-        h.push(20, h.ev("speech_start"))
-        h.push(60)
-        h.push(20, h.ev("speech_end"))
-        h.push(20, h.ev("end_of_turn"))
+        h.speak(60)
         assert h.output.clears == 0 and h.call.state is CallState.SPEAKING
         assert h.stt.cancelled_turns == 1  # the noise's STT turn is dropped, not answered
         assert len(h.stt.futures) == 1
@@ -375,10 +381,7 @@ def test_speech_while_thinking_cancels_the_thinking() -> None:
         h = Harness()
         await h.call.start()
         h.stt.hold = True
-        h.push(20, h.ev("speech_start"))
-        h.push(300)
-        h.push(20, h.ev("speech_end"))
-        h.push(20, h.ev("end_of_turn"))
+        h.speak(300)
         assert h.call.state is CallState.THINKING
         h.push(20, h.ev("speech_start"))
         h.push(200)
@@ -424,10 +427,7 @@ def test_a_failing_turn_does_not_end_the_call() -> None:
         h = Harness()
         await h.call.start()
         h.engine.fail = True
-        h.push(20, h.ev("speech_start"))
-        h.push(300)
-        h.push(20, h.ev("speech_end"))
-        h.push(20, h.ev("end_of_turn"))
+        h.speak(300)
         await h.settle(lambda: h.call.state is CallState.LISTENING)
         assert "engine is on fire" in h.call.record.turns[0].error
         assert not h.call.closed
@@ -509,28 +509,6 @@ def test_a_turn_reports_a_monotonic_timeline_and_its_figures_to_the_observers() 
         assert h.observer.started == [h.call.call_id]
         assert h.observer.ended == [(h.call.call_id, "completed")]
         assert len(h.observer.turns) == 1  # reported once
-
-    run(main())
-
-
-def test_an_interrupted_turn_is_reported_once_with_what_was_heard() -> None:
-    async def main():
-        h = Harness()
-        await h.call.start()
-        await h.one_turn()
-        await h.settle(lambda: h.output.ended_replies == 1)
-        h.output.played = len("Hello there m") * PER_CHAR
-        h.push(20, h.ev("speech_start"))
-        h.push(200)
-        await h.settle(lambda: len(h.observer.turns) == 1)
-        turn = h.observer.turns[0]
-        assert turn.interrupted and turn.heard_text == "Hello there"
-        assert "interrupted" in turn.timeline and "playout_end" not in turn.timeline
-        assert turn.timeline["interrupted"] >= turn.timeline["first_audio_sent"]
-        assert any(e["type"] == "barge_in" and e["heard_text"] == "Hello there" for e in h.observer.events)
-        await h.call.close("disconnected")
-        assert h.observer.ended == [(h.call.call_id, "dropped")]
-        assert len(h.observer.turns) == 1
 
     run(main())
 
