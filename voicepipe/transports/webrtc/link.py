@@ -159,9 +159,10 @@ class PeerLink:
     async def send_text(self, text: str) -> None:
         if self.closed:
             raise ConnectionError("closed")
-        kind = json.loads(text).get("type")
+        message = json.loads(text)  # the native serializer's own frames
+        kind = message.get("type")
         if kind == "mark":
-            self.track.push_mark(json.loads(text)["name"])
+            self.track.push_mark(message["name"])
         elif kind == "clear":
             self.track.clear()
         else:

@@ -133,12 +133,12 @@ async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
     """Apply the offer, start the call in the background, and return the answer."""
     pc = peer_connection(app.state.settings)
     label = f"webrtc {start['call_id']}"
+    link = PeerLink(pc, start, label)
     try:
-        link = PeerLink(pc, start, label)
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as exc:  # SDP aiortc cannot apply: no usable codec, missing ICE credentials, ...
-        await pc.close()
+        await link.close()
         log.warning("webrtc: %s: offer rejected: %s", label, exc)
         raise HTTPException(400, f"cannot apply the SDP offer: {exc}"[:200]) from None
     conn = Connection(link, "webrtc", NativeSerializer(), app.state.settings, resources, app.state.calls,

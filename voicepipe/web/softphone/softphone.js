@@ -115,7 +115,12 @@
         headers: { "content-type": "application/json" },
         body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type, ...callOptions() }),
       });
-      if (!resp.ok) throw new Error(`${resp.status} ${(await resp.text()).slice(0, 200)}`);
+      if (!resp.ok) {
+        const text = await resp.text();
+        let detail = text;
+        try { detail = JSON.parse(text).detail || text; } catch (err) { /* not JSON: show it as it is */ }
+        throw new Error(`${resp.status} ${String(detail).slice(0, 200)}`);
+      }
       const answer = await resp.json();
       phone.callId = answer.call_id;
       await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type });
