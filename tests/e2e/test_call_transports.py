@@ -95,18 +95,19 @@ def test_three_turn_call(server, voice_dir: Path, transport: str) -> None:
     assert not app.state.calls.active, "a call outlived its connection"
 
 
-def test_barge_in_over_twilio(server, voice_dir: Path) -> None:
+@pytest.mark.parametrize("transport", ["twilio", "telnyx"])
+def test_barge_in(server, voice_dir: Path, transport: str) -> None:
     """The caller talks over the reply: audio stops (clear) within 300 ms, and the LLM keeps only what was heard."""
     base, app = server
     utts = [speak("Tell me a long story about a brave dragon and a princess.", voice_dir),
             speak("What is the capital of France?", voice_dir)]
-    result = asyncio.run(run_call(ws_url(base, "twilio"), "twilio", utts, quiet_s=0.6, barge_in_after_ms=700))
+    result = asyncio.run(run_call(ws_url(base, transport), transport, utts, quiet_s=0.6, barge_in_after_ms=700))
 
     first, second = result.turns
     assert first.audio_s > 0.3
     assert second.clear_at is not None, "no clear received while the caller talked over the agent"
     stop_ms = (second.clear_at - second.speech_start) * 1000
-    print(f"barge-in: clear received {stop_ms:.0f} ms after the caller's speech start")
+    print(f"{transport} barge-in: clear received {stop_ms:.0f} ms after the caller's speech start")
     assert stop_ms <= 300, f"agent audio stopped {stop_ms:.0f} ms after the caller's speech start"
     # Nothing of the interrupted reply arrives after the clear (the next audio is the answer to turn 2).
     late = [s for t, s in result.audio_chunks if second.clear_at < t < second.speech_end]
