@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cli_helpers import run_cli
 from tests.replay_fixtures import RATE, tone, write_recording
 from voicepipe.errors import VoicepipeError
 from voicepipe.replay.case import load_case
@@ -66,3 +67,12 @@ def test_toml_values_round_trip() -> None:
     text = 'quote " back \\ newline \n tab \t del \x7f émoji 🎉'
     data = tomllib.loads(f"a = {toml_value(text)}\nb = {toml_value([1, 2.5, True, 'x'])}\n")
     assert data == {"a": text, "b": [1, 2.5, True, "x"]}
+
+
+def test_the_init_command_writes_the_case(tmp_path: Path) -> None:
+    rec = write_recording(tmp_path / "CA9")
+    proc = run_cli("replay", "init", str(rec), "--out", str(tmp_path / "case"))
+    assert proc.returncode == 0, proc.stderr
+    assert "case written to" in proc.stdout and load_case(tmp_path / "case").turns == 2
+    proc = run_cli("replay", "init", str(tmp_path / "nothing"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
