@@ -165,11 +165,11 @@ def replay_run(
     options = ReplayOptions(url=url, concurrency=concurrency, seed=seed, token=token,
                             baseline=load_baseline(baseline) if baseline is not None else None,
                             tolerance=tolerance, tolerance_ms=tolerance_ms, update_golden=update_golden)
-    say = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
+    say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     report, results = run_replay(find_cases(cases), settings, options, say)
     paths = write_reports(report, results, report_dir)
-    console.print(paths["markdown"].read_text(), highlight=False, markup=False)
-    console.print(f"reports: {paths['json']}, {paths['junit']}, {paths['markdown']}", highlight=False)
+    say(paths["markdown"].read_text())
+    say(f"reports: {paths['json']}, {paths['junit']}, {paths['markdown']}")
     if report["cases_failed"]:
         raise typer.Exit(1)
 
@@ -402,7 +402,7 @@ def bench_tiers(
 def run() -> None:
     """Console-script entry point: one clear line for expected errors, a traceback only with --debug."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n here
     except VoicepipeError as exc:
         if state.debug:
             raise
@@ -415,6 +415,8 @@ def run() -> None:
         sys.exit(exc.exit_code)
     except click.Abort:
         sys.exit(130)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

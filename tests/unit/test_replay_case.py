@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.cli_helpers import run_cli
+from tests.net_helpers import free_port
 from tests.replay_fixtures import VALID_CASE, tone, write_case, write_wav
 from voicepipe.replay.case import CaseError, find_cases, load_case
 
@@ -100,3 +101,13 @@ def test_the_command_prints_one_error_line_and_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "case.toml: expect.turns: must be an integer, got a string" in lines[0], lines
+
+
+def test_a_case_that_fails_exits_1_with_its_reports(tmp_path: Path) -> None:
+    directory = write_case(tmp_path / "book")
+    proc = run_cli("replay", str(directory), "--url", f"http://127.0.0.1:{free_port()}", "--report-dir",
+                   str(tmp_path / "out"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "| **FAIL** | book | call | call | a completed call with the server's record | ConnectionRefusedError" \
+        in proc.stdout
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.json", "junit.xml", "summary.md"}
