@@ -53,7 +53,7 @@ def test_each_kind_of_regression_fails_its_check(tmp_path: Path) -> None:
     call = observed()
     call.turns[1].interrupted = False
     call.turns.append(ObservedTurn(3, "", ""))
-    assert failed(check_call(case, call)) == [(None, "turns"), (2, "barge_in")]
+    assert failed(check_call(case, call)) == [(None, "turns"), (2, "barge_in"), (3, "extra_turn")]
     assert failed(check_call(case, observed(turns=[]))) == [(None, "turns"), (1, "turn"), (2, "turn")]
     assert failed(check_call(case, observed(error="ConnectionRefusedError"))) == [(None, "call")]
 
@@ -106,6 +106,7 @@ def test_reports_put_failures_first_and_round_trip_as_a_baseline(tmp_path: Path)
     summary = paths["markdown"].read_text()
     assert summary.startswith("# voicepipe replay: 1 passed, 1 failed") and summary == markdown_summary(report, results)
     assert "| **FAIL** | bad | 1 | golden<br>not_contains |" in summary and "'Sorry, no.'" in summary
+    assert "| pass | good | 2 | transcript |" in summary and summary.rstrip().endswith("| Booked [cut] |")
     suite = ET.parse(paths["junit"]).getroot().find("testsuite")
     assert (suite.get("tests"), suite.get("failures")) == ("2", "1")
     failure = suite.find("testcase[@name='bad']/failure")

@@ -42,6 +42,9 @@ def check_call(case: CallCase, call: ObservedCall) -> list[Check]:
             out.append(Check("turn", f"caller says {_short(expected.transcript)}", "no such turn", False, i + 1))
             continue
         out += check_turn(expected, case.reply, call.turns[i])
+    for turn in call.turns[max(case.turns, len(case.expected_turns)):]:
+        out.append(Check("extra_turn", "no such turn", f"caller {_short(turn.user_text)}, agent "
+                         f"{_short(turn.agent_text)}", False, turn.turn))
     return out
 
 

@@ -47,10 +47,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def rows(results: list[CaseResult]) -> list[tuple[bool, str, str, str, str, str]]:
-    """(passed, case, turn, checks, expected, actual) per case and turn; failures first, then in run order."""
+def rows(results: list[CaseResult]) -> list[tuple[bool, str, str, str, str, str, str]]:
+    """(passed, case, turn, checks, expected, actual, agent reply) per case and turn; failures first, then in run
+    order."""
     out = []
     for r in results:
+        replies = {t.turn: t.heard_text + " [cut]" if t.interrupted and t.heard_text is not None else t.agent_text
+                   for t in r.call.turns}
         turns = sorted({c.turn for c in r.checks if c.turn is not None})
         for turn in [None, *turns]:
             checks = [c for c in r.checks if c.turn == turn]
@@ -60,7 +63,7 @@ def rows(results: list[CaseResult]) -> list[tuple[bool, str, str, str, str, str]
             shown = failed or [next((c for c in checks if c.name in ("transcript", "turns")), checks[0])]
             out.append((not failed, r.name, "call" if turn is None else str(turn),
                         "<br>".join(c.name for c in shown), "<br>".join(_cell(c.expected) for c in shown),
-                        "<br>".join(_cell(c.actual) for c in shown)))
+                        "<br>".join(_cell(c.actual) for c in shown), _cell(replies.get(turn, "")) if turn else ""))
     return sorted(out, key=lambda row: row[0])  # stable: failures first
 
 
@@ -69,7 +72,8 @@ def markdown_summary(report: dict[str, Any], results: list[CaseResult]) -> str:
     lines = [f"# voicepipe replay: {report['cases_passed']} passed, {report['cases_failed']} failed",
              "", f"{len(results)} cases in {report['wall_s']:.1f} s; caller audio send lag p95 "
              f"{'-' if lag is None else f'{lag:.1f} ms'} (the replay's own timing error).", "",
-             "| result | case | turn | checks | expected | actual |", "|---|---|---|---|---|---|"]
-    for passed, case, turn, names, expected, actual in rows(results):
-        lines.append(f"| {'pass' if passed else '**FAIL**'} | {case} | {turn} | {names} | {expected} | {actual} |")
+             "| result | case | turn | checks | expected | actual | agent said |", "|---|---|---|---|---|---|---|"]
+    for passed, case, turn, names, expected, actual, reply in rows(results):
+        lines.append(f"| {'pass' if passed else '**FAIL**'} | {case} | {turn} | {names} | {expected} | {actual} "
+                     f"| {reply} |")
     return "\n".join(lines) + "\n"
