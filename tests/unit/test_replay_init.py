@@ -12,7 +12,7 @@ from tests.replay_fixtures import RATE, tone, write_recording
 from voicepipe.errors import VoicepipeError
 from voicepipe.replay.case import load_case
 from voicepipe.replay.init_case import budget_ms, init_case, toml_value
-from voicepipe.replay.recording import load_recording
+from voicepipe.replay.recording import arrival_lag_ms, load_recording
 
 
 def test_a_recording_cut_short_by_a_crash_is_still_read(tmp_path: Path) -> None:
@@ -76,3 +76,10 @@ def test_the_init_command_writes_the_case(tmp_path: Path) -> None:
     assert "case written to" in proc.stdout and load_case(tmp_path / "case").turns == 2
     proc = run_cli("replay", "init", str(tmp_path / "nothing"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_arrival_lag_is_measured_against_real_time() -> None:
+    events = [{"type": "call_start", "t": 0}] + [
+        {"type": "inbound", "t": t, "samples": 160, "rate": 8000} for t in (0.10, 0.12, 0.15, 0.16, 0.18)]
+    assert [round(x) for x in arrival_lag_ms(events)] == [0, 0, 10, 0, 0]
+    assert arrival_lag_ms([{"type": "vad", "t": 1.0}]) == []

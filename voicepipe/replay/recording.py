@@ -66,3 +66,19 @@ def load_recording(directory: Path) -> Recording:
                    key=lambda e: e["turn"])
     end = next((e for e in reversed(events) if e["type"] == "call_end"), None)
     return Recording(directory, events[0], events, caller, rate, skipped, turns, end)
+
+
+def arrival_lag_ms(events: list[dict[str, Any]]) -> list[float]:
+    """How late each caller frame reached the server against real time (from the `inbound` events): its arrival
+    minus the time its first sample was due, given the first frame's arrival and the audio before it, less the
+    smallest such offset (the frame that arrived most on time sets the clock)."""
+    offsets, due = [], 0.0
+    for event in events:
+        if event["type"] != "inbound" or not isinstance(event.get("rate"), int) or event["rate"] <= 0:
+            continue
+        offsets.append(event["t"] - due)
+        due += event.get("samples", 0) / event["rate"]
+    if not offsets:
+        return []
+    best = min(offsets)
+    return [(o - best) * 1000 for o in offsets]
