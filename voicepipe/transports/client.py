@@ -875,7 +875,7 @@ async def _converse(caller: _Caller, utterances: list[Utterance], greeting_wait_
             await server.wait_listening(max(1.0, deadline - time.monotonic()), caller)
 
 
-async def fetch_call_record(url: str, call_id: str, token: str | None = None, wait_s: float = 10.0) -> dict | None:
+async def fetch_call_record(url: str, call_id: str, token: str | None = None, wait_s: float = 30.0) -> dict | None:
     """The server's record of the call (transcripts, timings, LLM cache figures), once it has ended."""
     import httpx
 
