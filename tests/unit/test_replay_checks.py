@@ -22,7 +22,7 @@ def observed(**changes) -> ObservedCall:
                           {"voice_to_voice": 900.0, "response": 400.0}),
              ObservedTurn(2, "tomorrow at 7", "Booked for tomorrow at", "Booked", True,
                           {"voice_to_voice": 1500.0, "response": 800.0}, stop_ms=600.0)]
-    call = ObservedCall("CA1", turns, send_lag_p95_ms=3.0)
+    call = ObservedCall("CA1", turns, send_lag_p95_ms=95.0, send_lag_ms=[float(ms) for ms in range(101)])
     for key, value in changes.items():
         setattr(call, key, value)
     return call
@@ -112,7 +112,8 @@ def test_reports_put_failures_first_and_round_trip_as_a_baseline(tmp_path: Path)
     failure = suite.find("testcase[@name='bad']/failure")
     assert "turn 1 not_contains: expected not 'sorry'" in failure.text
     data = json.loads(paths["json"].read_text())
-    assert (data["cases_passed"], data["cases_failed"], data["send_lag_p95_ms"]) == (1, 1, 3.0)
+    assert (data["cases_passed"], data["cases_failed"], data["send_lag_p95_ms"]) == (1, 1, 95.0)  # over all frames
+    assert "send_lag_ms" not in data["cases"][0] and data["cases"][0]["metrics"]["send_lag_p95_ms"] == 95.0
     assert load_baseline(paths["json"])["good"]["voice_to_voice_p95_ms"] == 1470.0
 
 

@@ -32,6 +32,7 @@ class ObservedCall:
     error: str | None = None  # the call could not be made, or the server kept no record of it
     send_lag_p95_ms: float | None = None
     send_lag_max_ms: float | None = None
+    send_lag_ms: list[float] = field(default_factory=list, repr=False)  # every caller frame's (not in reports)
     end_reason: str | None = None
     wall_s: float = 0.0
 
@@ -73,7 +74,7 @@ def observe(result: CallResult, audio: np.ndarray, rate: int) -> ObservedCall:
     record: dict[str, Any] | None = result.record
     lag = result.send_lag_ms
     call = ObservedCall(result.call_id, send_lag_p95_ms=round(float(np.percentile(lag, 95)), 2) if lag else None,
-                        send_lag_max_ms=round(max(lag), 2) if lag else None)
+                        send_lag_max_ms=round(max(lag), 2) if lag else None, send_lag_ms=list(lag))
     if not record:
         call.error = "the server kept no record of the call (GET /calls/{id})"
         return call

@@ -52,7 +52,7 @@ def rows(results: list[CaseResult]) -> list[tuple[bool, str, str, str, str, str,
     order."""
     out = []
     for r in results:
-        replies = {t.turn: t.heard_text + " [cut]" if t.interrupted and t.heard_text is not None else t.agent_text
+        replies = {t.turn: f"{t.heard_text or '(nothing heard)'} [cut]" if t.interrupted else t.agent_text
                    for t in r.call.turns}
         turns = sorted({c.turn for c in r.checks if c.turn is not None})
         for turn in [None, *turns]:
