@@ -26,8 +26,8 @@ FLOOR_RMS = 0.003  # a quiet phone line, about -50 dBFS
 
 # A step: ("pause", seconds) | ("espeak", text) | ("piper", text); ("noise", rms) adds sox pink noise to it all.
 SCRIPTS: dict[str, list[tuple]] = {
-    "booking": [("pause", 3.0), ("espeak", "I want to book a table for dinner."), ("pause", 20.0),
-                ("piper", "Please book a table for two people at seven tonight."), ("pause", 20.0),
+    "booking": [("pause", 3.0), ("espeak", "I want to book a table for dinner."), ("pause", 24.0),
+                ("piper", "Please book a table for two people at seven tonight."), ("pause", 24.0),
                 ("espeak", "Thank you very much for your help today."), ("pause", 6.0)],
     "barge_in": [("pause", 3.0), ("piper", "Tell me about the weather in London."), ("pause", 4.0),
                  ("espeak", "What is the capital of France?"), ("pause", 10.0)],

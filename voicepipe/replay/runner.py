@@ -23,7 +23,7 @@ from voicepipe.replay.observed import ObservedCall, observe
 from voicepipe.replay.results import CaseResult, baseline_checks, report_dict
 from voicepipe.transports.client import endpoint_url, http_base, play_call
 
-REPLY_TAIL_S = 90.0  # time allowed past the end of the caller's audio for the last reply and the record
+REPLY_TAIL_S = 120.0  # past the end of the caller's audio: the last reply (up to 60 s) and the record (30 s)
 
 
 @dataclass
