@@ -13,10 +13,10 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 
+from voicepipe.auth import check_http_token
 from voicepipe.config import Settings
 from voicepipe.observability.recorder import recording_dir
 from voicepipe.observability.store import CallStore
-from voicepipe.transports.gateway import _check_http_token as check_http_token
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from voicepipe.audio import get_codec, resample
+from voicepipe.auth import TELNYX_AUTH_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ class TelnyxWire(TwilioWire):
         self.token = token
 
     def headers(self) -> dict[str, str]:
-        return {"x-telnyx-streaming-auth-token": self.token} if self.token else {}
+        return {TELNYX_AUTH_HEADER: self.token} if self.token else {}
 
     def start(self) -> list:
         return [

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import logging
 import time
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException, Request, WebSocket
 from starlette.websockets import WebSocketState
 
+from voicepipe.auth import check_http_token, token_ok
 from voicepipe.observability.hooks import Observers
 from voicepipe.pipeline import CallRegistry, CallSession, call_resources
 from voicepipe.pipeline.resources import warm_up_in_background
@@ -30,7 +30,6 @@ from voicepipe.transports.events import Mark, Media, Start, Stop, TransportError
 from voicepipe.transports.playback import Heard, PlaybackController
 from voicepipe.transports.serializers import Serializer, make_serializer
 from voicepipe.transports.serializers.native import NativeSerializer
-from voicepipe.transports.serializers.telnyx import AUTH_HEADER as TELNYX_AUTH_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +59,12 @@ def create_call_router(app: FastAPI) -> APIRouter:
 
     @router.get("/calls")
     async def list_calls(request: Request) -> dict:
-        _check_http_token(request)
+        check_http_token(request)
         return request.app.state.calls.summary()
 
     @router.get("/calls/{call_id}")
     async def get_call(call_id: str, request: Request) -> dict:
-        _check_http_token(request)
+        check_http_token(request)
         calls = request.app.state.calls
         record = calls.get(call_id)
         if record is None:
@@ -84,46 +83,13 @@ def _endpoint(provider: str):
     return endpoint
 
 
-# -- auth --------------------------------------------------------------------------------------------------
-
-
-def _expected_token(settings) -> str | None:
-    token = settings.calls.auth_token
-    return token.get_secret_value() if token is not None else None
-
-
-def _offered_tokens(headers, query) -> list[str]:
-    offered = []
-    auth = headers.get("authorization")
-    if auth and auth.lower().startswith("bearer "):
-        offered.append(auth[7:].strip())
-    for name in ("x-voicepipe-token", TELNYX_AUTH_HEADER):
-        if headers.get(name):
-            offered.append(headers[name])
-    if query.get("token"):
-        offered.append(query["token"])
-    return offered
-
-
-def _token_ok(settings, headers, query) -> bool:
-    expected = _expected_token(settings)
-    if expected is None:
-        return True
-    return any(hmac.compare_digest(t.encode(), expected.encode()) for t in _offered_tokens(headers, query))
-
-
-def _check_http_token(request: Request) -> None:
-    if not _token_ok(request.app.state.settings, request.headers, request.query_params):
-        raise HTTPException(401, "missing or wrong token")
-
-
 # -- one connection ------------------------------------------------------------------------------------------
 
 
 async def serve_call(ws: WebSocket, transport: str) -> None:
     app = ws.app
     settings = app.state.settings
-    if not _token_ok(settings, ws.headers, ws.query_params):
+    if not token_ok(settings, ws.headers, ws.query_params):
         log.warning("%s: refused a connection with a missing or wrong token", transport)
         await ws.close(code=CLOSE_POLICY, reason="unauthorized")
         return

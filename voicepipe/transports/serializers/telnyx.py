@@ -30,9 +30,6 @@ TELNYX = Dialect(
     extra_start_fields=("client_state", "call_session_id", "from", "to"),
 )
 
-AUTH_HEADER = "x-telnyx-streaming-auth-token"
-
-
 class TelnyxSerializer(MediaStreamSerializer):
     """Telnyx: reorders media by `sequence_number` (window of `reorder_window` frames, 0 to disable)."""
 

@@ -21,9 +21,10 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.sdp import SessionDescription
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
+from voicepipe.auth import check_http_token
 from voicepipe.pipeline import call_resources
 from voicepipe.transports.events import ProtocolError
-from voicepipe.transports.gateway import Connection, _check_http_token
+from voicepipe.transports.gateway import Connection
 from voicepipe.transports.serializers.native import NativeSerializer
 from voicepipe.transports.webrtc.link import PeerLink
 
@@ -45,12 +46,12 @@ def create_webrtc_router(app: FastAPI) -> APIRouter:
     @router.get("/webrtc/config")
     async def config(request: Request) -> dict:
         """What a browser needs for its `RTCPeerConnection` (the same ICE servers the server uses)."""
-        _check_http_token(request)
+        check_http_token(request)
         return {"iceServers": ice_servers_json(request.app.state.settings)}
 
     @router.post("/webrtc/offer")
     async def offer(request: Request) -> dict:
-        _check_http_token(request)
+        check_http_token(request)
         try:
             body = await _read_offer(request)
             start = start_fields(body)
