@@ -47,3 +47,9 @@ def engine_model(settings: Settings):
     """(model, tokenizer) for the LLM engines under test; the engine registers its attention function on the
     model, so an oracle must load its own copy."""
     return load_causal_lm(resolve_model(settings.models.llm, "llm", settings.paths.models_dir), "cpu", "float32")
+
+
+@pytest.fixture(scope="session")
+def voice_dir(tmp_path_factory):
+    """Where the call tests' espeak-ng caller utterances are written (one file per sentence)."""
+    return tmp_path_factory.mktemp("caller")

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from tests.browser_helpers import chromium
+from tests.call_helpers import call_settings
 from tests.e2e.test_call_bad_input import vanish_mid_reply
 from tests.e2e.test_call_transports import speak
 from tests.net_helpers import in_process_server
-from voicepipe.config import load_settings
 from voicepipe.observability.timeline import CHAIN
 from voicepipe.observability.waterfall import turn_stages
 from voicepipe.transports.client import run_call
@@ -36,12 +36,7 @@ TURNS = ["I want to book a table for dinner.", "Tell me about the weather in Lon
 def server(tmp_path_factory):
     """The real app, recording every call, with its store and recordings in a temporary directory."""
     tmp = tmp_path_factory.mktemp("dashboard")
-    settings = load_settings(overrides={
-        "paths": {"data_dir": str(tmp / "data"), "recordings_dir": str(tmp / "recordings")},
-        "observability": {"record_calls": True},
-        "calls": {"max_reply_tokens": 16, "greeting": "Hi, how can I help?", "temperature": 0.0},
-        "llm": {"kv_cache_mib": 64},
-    })
+    settings = call_settings(tmp, observability={"record_calls": True})
     with in_process_server(settings) as (base, app):
         yield base, app, tmp
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.call_helpers import call_settings
 from tests.metrics_helpers import Scrape
 from tests.net_helpers import in_process_server
-from voicepipe.config import load_settings
 from voicepipe.transports.client import read_wav, run_call, utterance
 
 pytestmark = pytest.mark.e2e
@@ -30,11 +30,7 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "voicep
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    settings = load_settings(overrides={
-        "calls": {"max_reply_tokens": 12, "greeting": None, "temperature": 0.0},
-        "llm": {"kv_cache_mib": 64},
-        "paths": {"data_dir": str(tmp_path_factory.mktemp("data"))},  # the call store's file
-    })
+    settings = call_settings(tmp_path_factory.mktemp("metrics"), calls={"max_reply_tokens": 12, "greeting": None})
     with in_process_server(settings) as (base, app):
         yield base, app
 

@@ -16,11 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.call_helpers import call_settings
 from tests.e2e.test_call_bad_input import vanish_mid_reply
 from tests.e2e.test_call_transports import THREE_TURNS, speak, ws_url
 from tests.metrics_helpers import Scrape
 from tests.net_helpers import in_process_server
-from voicepipe.config import load_settings
 from voicepipe.observability.timeline import CHAIN, EVENTS
 from voicepipe.transports.client import run_call
 
@@ -28,19 +28,9 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def voice_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("caller")
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("observability")
-    settings = load_settings(overrides={
-        "calls": {"max_reply_tokens": 16, "greeting": "Hi, how can I help?", "temperature": 0.0},
-        "llm": {"kv_cache_mib": 64},
-        "paths": {"data_dir": str(root / "data"), "recordings_dir": str(root / "recordings")},
-        "observability": {"record_calls": True},
-    })
+    settings = call_settings(root, observability={"record_calls": True})
     with in_process_server(settings) as (base, app):
         yield base.replace("http://", "ws://"), app, root
 
