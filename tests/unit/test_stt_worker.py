@@ -199,3 +199,19 @@ def test_a_pause_after_speech_asks_for_a_partial_at_once() -> None:
     time.sleep(0.1)
     stt.close()
     assert stt.stats.partials_done == 1
+
+
+def test_a_final_cancelled_while_decoding_leaves_the_worker_serving(caplog) -> None:
+    stt, fake = make()
+    fake.gate.clear()  # the worker blocks inside the decode
+    first = stt.open_stream(16000)
+    first.push(loud(1.0))
+    cancelled = first.finish()
+    time.sleep(0.1)
+    assert cancelled.cancel() or cancelled.cancelled()  # a barge-in or a hang-up drops the turn
+    fake.gate.set()
+    second = stt.open_stream(16000)
+    second.push(loud(0.5))
+    assert second.finish().result(timeout=5).text.strip() == "w0 w1 w2 w3 w4"
+    stt.close()
+    assert "STT worker job failed" not in caplog.text

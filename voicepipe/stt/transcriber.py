@@ -15,13 +15,14 @@ Callbacks run on the worker thread (or, for a final that is ready at once, on th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -417,13 +418,13 @@ class Transcriber:
             for offset in range(0, max(len(job.audio), 1), 30 * SAMPLE_RATE):
                 texts.append(self._decode([job.audio[offset: offset + 30 * SAMPLE_RATE]], [job.context])[0].text)
             ms = (time.perf_counter() - start) * 1000
-            job.future.set_result(Transcript(_join(texts[:-1], texts[-1]), True, -1, "", len(job.audio) / 16, ms))
+            _settle(job.future, Transcript(_join(texts[:-1], texts[-1]), True, -1, "", len(job.audio) / 16, ms))
             return
         turn = job.turn
         if job.segment is not None:
             turn.segments[job.segment] = self._decode([job.audio], [job.context])[0].text
             turn.pending_segments -= 1
-            job.future.set_result(None)
+            _settle(job.future, None)
             return
         self._finish_turn(job, start)
 
@@ -441,7 +442,7 @@ class Transcriber:
         self.stats.finals_done += 1
         full = _join(turn.segments, text)
         result = Transcript(full, True, turn.id, full, job.end / 16, ms, last is not None)
-        job.future.set_result(result)
+        _settle(job.future, result)
         if job.stream is not None and job.stream.on_final is not None:
             _call(job.stream.on_final, result)
 
@@ -483,3 +484,9 @@ def _call(callback: Callable[[Transcript], None], result: Transcript) -> None:
 
 
 __all__ = ["AudioInputError", "STTOverloaded", "Transcriber", "TranscriberStats", "Transcript", "TranscriptStream"]
+
+
+def _settle(future: Future, result: object) -> None:
+    """Give a final its result, unless its caller has cancelled it meanwhile (a barge-in, a hang-up)."""
+    with contextlib.suppress(InvalidStateError):
+        future.set_result(result)
