@@ -389,6 +389,16 @@ def test_speech_while_thinking_cancels_the_thinking() -> None:
         await asyncio.sleep(0.05)
         assert h.engine.calls == [] and h.engine.rollbacks == []  # the LLM never started: nothing to undo
         assert h.call.record.turns[0].interrupted
+        # The first turn's words still count: they arrive late and open the next turn's message.
+        h.stt.futures[0].set_result(SimpleNamespace(text="book a table"))
+        await h.settle(lambda: h.call.record.turns[0].user_text == "book a table")
+        h.stt.hold = False
+        h.push(200)
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.engine.calls)
+        assert h.engine.calls[0] == [{"role": "user", "content": "book a table what time is it"}]
+        assert h.call.record.turns[1].user_text == "what time is it"
         await h.call.close()
 
     run(main())

@@ -137,6 +137,7 @@ class _Reply:
     first_audio: float | None = None
     record: TurnRecord | None = None
     finished: bool = False  # turn_finished was reported
+    transcript: Any = None  # the STT's final for this turn (a concurrent Future)
 
 
 class CallSession:
@@ -183,6 +184,7 @@ class CallSession:
         self._turns = 0
         self._reply: _Reply | None = None
         self._pending_assistant: str | None = None  # greeting text to put in the history before turn 1
+        self._unanswered: str | None = None  # caller words cut off before the LLM heard them: they open the next turn
         self._last_activity = time.monotonic()
         self._watchdog: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -331,7 +333,8 @@ class CallSession:
         record = TurnRecord(self._turns, timeline=timeline)
         self.record.turns.append(record)
         reply = _Reply(self._turns, self._open_speech(self._turns), record=record)
-        self._start_reply(reply, future=future)
+        reply.transcript = future
+        self._start_reply(reply)
 
     def _on_partial(self, transcript) -> None:  # STT worker thread
         loop = self._loop
@@ -408,11 +411,11 @@ class CallSession:
     def _open_speech(self, turn: int):
         return self.res.synthesizer.open_stream(self.output.sample_rate, turn=turn)
 
-    def _start_reply(self, reply: _Reply, future=None) -> None:
+    def _start_reply(self, reply: _Reply) -> None:
         self._reply = reply
-        reply.task = asyncio.create_task(self._run_reply(reply, future), name=f"reply-{self.call_id}-{reply.turn}")
+        reply.task = asyncio.create_task(self._run_reply(reply), name=f"reply-{self.call_id}-{reply.turn}")
 
-    async def _run_reply(self, reply: _Reply, future) -> None:
+    async def _run_reply(self, reply: _Reply) -> None:
         record = reply.record
         try:
             if reply.greeting:
@@ -421,7 +424,8 @@ class CallSession:
                 reply.stream.say(self.greeting)
                 await self._pump_audio(reply)
             else:
-                transcript = await asyncio.wrap_future(future)
+                # Shielded: a barge-in while this waits cancels the reply, not the caller's words (see below).
+                transcript = await asyncio.shield(asyncio.wrap_future(reply.transcript))
                 record.timeline["final_transcript"] = self._since()
                 text = transcript.text.strip()
                 record.user_text = text
@@ -456,6 +460,8 @@ class CallSession:
         if self._pending_assistant:
             messages.append({"role": "assistant", "content": self._pending_assistant})
             self._pending_assistant = None
+        if self._unanswered:
+            text, self._unanswered = f"{self._unanswered} {text}", None
         messages.append({"role": "user", "content": text})
         engine = self.res.engine
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
@@ -555,6 +561,9 @@ class CallSession:
             record.interrupted = True
             record.agent_text = reply.text
             record.heard_text = heard_text if reply.llm_started else ""
+            if not reply.llm_started:  # the caller went on talking before the agent answered: keep their words
+                record.user_text = await self._late_transcript(reply)
+                self._unanswered = record.user_text or None
             self._finish_turn(reply)
         if not reply.llm_started:
             return
@@ -563,6 +572,16 @@ class CallSession:
             if text_end <= char_end:
                 heard_tokens = tokens
         await self._rollback(heard_tokens)
+
+    async def _late_transcript(self, reply: _Reply, timeout_s: float = 10.0) -> str:
+        """The final transcript of a turn interrupted before the LLM started ("" if there is none)."""
+        if reply.transcript is None:
+            return ""
+        try:
+            transcript = await asyncio.wait_for(asyncio.wrap_future(reply.transcript), timeout_s)
+        except Exception:  # timed out, failed or cancelled by the STT: the words are lost
+            return ""
+        return transcript.text.strip()
 
     async def _rollback(self, heard_tokens: int) -> None:
         session, engine = self.session, self.res.engine
