@@ -531,6 +531,8 @@ def test_a_call_closed_mid_turn_still_reports_the_turn() -> None:
         await h.one_turn()
         await h.call.close("disconnected")
         assert len(h.observer.turns) == 1 and h.observer.turns[0].user_text == "what time is it"
+        turn = h.observer.turns[0]  # what the engine did is on the turn when the observers get it
+        assert (turn.prompt_tokens, turn.cached_prompt_tokens) == (40, 30)
         assert h.observer.ended == [(h.call.call_id, "dropped")]
 
     run(main())

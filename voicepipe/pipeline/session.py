@@ -221,8 +221,9 @@ class CallSession:
         self._reply = None
         if reply is not None:
             reply.stream.cancel()
-            if reply.task is not None:
+            if reply.task is not None and reply.task is not asyncio.current_task():
                 reply.task.cancel()
+                await asyncio.wait([reply.task], timeout=1.0)  # it records what the engine did as it stops
             self._finish_turn(reply)
         for task in [self._watchdog, *self._tasks]:
             if task is not None and task is not asyncio.current_task():
@@ -490,15 +491,15 @@ class CallSession:
             record.agent_text = reply.text
             self.note("agent_text", turn=reply.turn, text=reply.text, final=True)
             self._emit("agent_text", {"text": reply.text, "final": True, "turn": reply.turn})
-            stats = gen.stats
-            record.prompt_tokens = stats.prompt_tokens
-            record.cached_prompt_tokens = stats.cached_prompt_tokens
-            record.output_tokens = stats.output_tokens
             await pump
         finally:
             if not pump.done():
                 pump.cancel()
             record.agent_text = reply.text
+            stats = gen.stats  # what the engine did, even for a reply cut short by a hang-up
+            record.prompt_tokens = stats.prompt_tokens
+            record.cached_prompt_tokens = stats.cached_prompt_tokens
+            record.output_tokens = stats.output_tokens
 
     def _engine_times(self, stats, timeline: dict[str, float]) -> None:
         """The engine's own clock for the request: queued, prefill start, first token (now if it has none)."""
