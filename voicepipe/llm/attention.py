@@ -23,8 +23,8 @@ ATTN_NAME = "voicepipe_paged"
 @dataclass
 class PrefillSpan:
     """A prefill chunk: tokens ``t0 .. t0+n`` of the packed batch attend to history slots ``kv`` (a ``slice`` of
-    the pool when the blocks are consecutive, else a ``BlockGather``); ``mask`` is None for a chunk that starts the
-    sequence (plain causal)."""
+    the pool when the blocks are consecutive, else a ``BlockGather``); ``mask`` is additive (0 / -inf, [1, 1, n, L]),
+    None for a chunk that starts the sequence (plain causal)."""
 
     t0: int
     n: int
@@ -37,7 +37,7 @@ class StepLayout:
     slots: torch.Tensor  # [T] pool slot of each new token
     decode_rows: torch.Tensor | None = None  # [B] packed positions of the decode tokens
     decode_kv: slice | BlockGather | None = None  # a slice (one sequence in consecutive blocks) or block ids
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] bool, None when all lengths are equal
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] additive (0 / -inf), None when all lengths are equal
     decode_rows_slice: slice | None = None  # the decode rows as a slice when they are consecutive
     prefills: list[PrefillSpan] = field(default_factory=list)
     decode_only: bool = False  # every token of the step is a decode, in packed order

@@ -61,6 +61,11 @@ class ModelRunner:
             return slice(first * bs, first * bs + length)
         return BlockGather(torch.tensor(table[:n_blocks], dtype=torch.long, device=self.device), bs, length)
 
+    def _additive_mask(self, keep: torch.Tensor) -> torch.Tensor:
+        """0 where ``keep``, -inf elsewhere, in the model's dtype. SDPA turns a boolean mask into exactly this, but
+        on every call, i.e. in every layer; built once per step it is shared by all layers."""
+        return torch.zeros(keep.shape, dtype=self.dtype, device=self.device).masked_fill_(~keep, float("-inf"))
+
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids, position ids, the step layout and the packed index of each sampled token."""
         dev = self.device
@@ -85,8 +90,8 @@ class ModelRunner:
             kv = self._kv_ref(s.block_table, end)
             mask = None
             if item.start > 0:
-                mask = (torch.arange(end, device=dev)[None, :]
-                        <= torch.arange(item.start, end, device=dev)[:, None])[None, None]
+                mask = self._additive_mask(torch.arange(end, device=dev)[None, :]
+                                           <= torch.arange(item.start, end, device=dev)[:, None])[None, None]
             prefills.append(PrefillSpan(t0, item.n_tokens, kv, mask))
         layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev), prefills=prefills)
         if decodes:
@@ -106,7 +111,8 @@ class ModelRunner:
                     tables.append(table + [table[-1]] * (n_max - len(table)))
                 layout.decode_kv = BlockGather(torch.tensor(tables, dtype=torch.long, device=dev), bs)
                 lens = torch.tensor(lengths, device=dev)
-                layout.decode_mask = (torch.arange(n_max * bs, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+                keep = torch.arange(n_max * bs, device=dev)[None, :] < lens[:, None]
+                layout.decode_mask = self._additive_mask(keep)[:, None, None, :]
         layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
         layout.single_prefill = not decodes and len(prefills) == 1
         input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
