@@ -143,6 +143,19 @@ def test_truncate_releases_blocks_and_unregisters_partial_block():
     assert bm.num_free == 16
 
 
+def test_truncate_at_a_block_boundary_keeps_the_full_blocks():
+    bm = BlockManager(16, BS)
+    s = computed_session(bm, list(range(1, 11)))  # 10 tokens: 2 full blocks + 2 tokens
+    s.truncate_kv(bm, 4)
+    assert s.num_cached == 4 and len(s.block_table) == 1 and len(s.block_hashes) == 1
+    probe = Session(ids=list(range(1, 11)))
+    assert probe.attach_prefix(bm) == 8  # the released full block keeps its hash until reused
+    probe.drop_kv(bm)
+    s.drop_kv(bm)
+    bm.check()
+    assert bm.num_free == 16
+
+
 def test_truncate_into_shared_block_recomputes_instead_of_writing_it():
     bm = BlockManager(16, BS)
     a = computed_session(bm, list(range(1, 10)))

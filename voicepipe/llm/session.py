@@ -107,7 +107,7 @@ class Session:
         del self.block_table[keep_blocks:]
         self.num_cached = min(self.num_cached, n_tokens)
         full = self.num_cached // bs
-        if len(self.block_hashes) > full:
+        if full < len(self.block_table) and len(self.block_hashes) > full:
             # The last kept block was full and registered; it is now partial and will be written again.
             last = self.block_table[full]
             if bm.ref_count[last] == 1:
@@ -116,4 +116,4 @@ class Session:
                 bm.release(last)
                 del self.block_table[full:]
                 self.num_cached = full * bs
-            del self.block_hashes[full:]
+        del self.block_hashes[full:]  # a cut at a block boundary keeps only the full blocks' hashes
