@@ -59,7 +59,8 @@ def main() -> int:
         turns = len(httpx.get(f"{base}/api/calls/{call_id}", timeout=5).json()["turns"])
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with chromium() as browser:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page()
+            page.set_viewport_size({"width": 1400, "height": 900})
             page.goto(f"{base}/dashboard/calls/{call_id}")
             groups = page.locator("svg.waterfall g.turn").count()
             page.screenshot(path=str(args.out), full_page=True)
