@@ -328,7 +328,7 @@ class CallSession:
         self._turns += 1
         now = self._since()
         timeline = {**self._next_timeline, "end_of_turn": now}
-        timeline.setdefault("speech_end", now if end is None else self._sample_time(end))
+        timeline.setdefault("speech_end", now)  # set at the VAD's speech_end, unless the turn ended without one
         self._next_timeline = {}
         self.state = CallState.THINKING
         record = TurnRecord(self._turns, timeline=timeline)
