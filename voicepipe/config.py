@@ -138,6 +138,9 @@ class CallSettings(Section):
                           "plain sentences that are easy to say out loud.")
     greeting: str | None = "Hello! How can I help you today?"  # None or "": the agent waits for the caller
     barge_in_min_speech_ms: int = Field(150, ge=0, le=5000)  # caller speech that interrupts the agent
+    # Start the reply at the VAD's speech end and hold its audio until the end-of-turn decision; dropped if the
+    # caller resumes. Saves up to vad.end_of_turn_silence_ms per turn, at the cost of LLM work on false ends.
+    preemptive_generation: bool = True
     idle_timeout_s: float = Field(120.0, gt=0.0)  # no caller speech and no agent audio this long: hang up
     max_reply_tokens: int = Field(60, ge=1, le=4096)
     temperature: float = Field(0.0, ge=0.0, le=2.0)  # 0: greedy

@@ -151,6 +151,27 @@ async def test_truncate_then_one_more_turn_matches_generate(engine, reference):
     engine.close_session(session)
 
 
+async def test_dropping_a_cancelled_early_turn_restores_the_session(engine, reference):
+    """A call's early reply, cancelled and dropped: the session is exactly as before that turn began."""
+    session = engine.open_session(SYSTEM)
+    await run(engine.generate(session, [{"role": "user", "content": "When do you open?"}], max_tokens=8))
+    ids, messages = list(session.ids), engine.history(session)
+    keep = len(session.marks)
+    early = engine.generate(session, [{"role": "user", "content": "I would like"}], max_tokens=N, ignore_eos=True)
+    async for _ in early:
+        early.cancel()  # the caller went on after the first token
+    while session.busy:
+        await asyncio.sleep(0.01)
+    engine.drop_turns(session, keep)
+    assert session.ids == ids and engine.history(session) == messages
+    gen = engine.generate(session, [{"role": "user", "content": "I would like a cake."}], max_tokens=N)
+    await run(gen)
+    prompt = session.ids[:gen.stats.prompt_tokens]
+    assert prompt[:len(ids)] == ids and gen.stats.cached_prompt_tokens >= len(ids) - engine.blocks.block_size
+    assert gen.token_ids == greedy_reference(reference, prompt)
+    engine.close_session(session)
+
+
 async def test_preempted_request_resumes_and_matches_generate(engine_model, reference):
     # a pool of 6 blocks x 16 tokens: two of these requests cannot both hold their KV
     engine = start_engine(engine_model, kv_cache_mib=4, block_size=16, max_tokens_per_step=64)

@@ -45,6 +45,7 @@ class FakeSTTStream:
         self.samples_pushed = 0
         self.futures: list[Future] = []
         self.cancelled_turns = 0
+        self.peeks = 0
         self.closed = False
         self.hold = False  # leave the final pending (the caller is "thinking")
 
@@ -57,6 +58,10 @@ class FakeSTTStream:
         if not self.hold:
             fut.set_result(SimpleNamespace(text=self.texts.pop(0)))
         return fut
+
+    def peek(self, end_sample=None) -> Future:
+        self.peeks += 1
+        return self.finish(end_sample)
 
     def cancel_turn(self) -> None:
         self.cancelled_turns += 1
@@ -150,6 +155,7 @@ class FakeEngine:
         self.reply = reply
         self.calls: list[list[dict]] = []
         self.rollbacks: list[int] = []
+        self.dropped: list[int] = []  # drop_turns(keep) calls
         self.seeds: list[int | None] = []
         self.closed: list = []
         self.session = None
@@ -157,7 +163,7 @@ class FakeEngine:
         self.slow = False
 
     def open_session(self, system_prompt=None):
-        self.session = SimpleNamespace(system_prompt=system_prompt, busy=False, closed=False)
+        self.session = SimpleNamespace(system_prompt=system_prompt, busy=False, closed=False, marks=[])
         return self.session
 
     def generate(self, session, messages, **kw):
@@ -165,10 +171,16 @@ class FakeEngine:
             raise RuntimeError("the engine is on fire")
         self.calls.append(messages)
         self.seeds.append(kw.get("seed"))
+        session.marks.append(len(self.calls))  # a turn begins
         return FakeGeneration(self, self.reply.split(" "))
 
     def rollback_reply(self, session, heard_tokens: int) -> None:
         self.rollbacks.append(heard_tokens)
+
+    def drop_turns(self, session, keep: int) -> None:
+        assert not session.busy
+        self.dropped.append(keep)
+        del session.marks[keep:]
 
     def close_session(self, session) -> None:
         session.closed = True
@@ -367,10 +379,11 @@ def test_a_short_noise_while_speaking_does_not_interrupt() -> None:
         h = Harness()
         await h.call.start()
         await h.one_turn()
+        cancelled, transcripts = h.stt.cancelled_turns, len(h.stt.futures)
         h.speak(60)
         assert h.output.clears == 0 and h.call.state is CallState.SPEAKING
-        assert h.stt.cancelled_turns == 1  # the noise's STT turn is dropped, not answered
-        assert len(h.stt.futures) == 1
+        assert h.stt.cancelled_turns == cancelled + 1  # the noise's STT turn is dropped, not answered
+        assert len(h.stt.futures) == transcripts
         await h.call.close()
 
     run(main())
@@ -503,10 +516,11 @@ def test_a_turn_reports_a_monotonic_timeline_and_its_figures_to_the_observers() 
         turn = h.observer.turns[0]
         assert turn is h.call.record.turns[0] and not turn.interrupted
         timeline = turn.timeline
-        expected = [e for e in CHAIN if e != "prefill_start"]  # the fakes have no partials and no prefill time
-        assert [e for e in EVENTS if e in timeline] == expected
-        times = [timeline[e] for e in expected]
+        missing = ("first_partial", "prefill_start")  # the fakes have no partials and no prefill time
+        assert [e for e in EVENTS if e in timeline] == [e for e in EVENTS if e not in missing]
+        times = [timeline[e] for e in CHAIN if e in timeline]
         assert times == sorted(times), timeline
+        assert timeline["speech_end"] < timeline["end_of_turn"] <= timeline["first_audio_sent"]
         assert 0.4 <= timeline["speech_end"] - timeline["speech_start"] <= 0.9  # 21 pushes 20 ms apart
         for name in ("voice_to_voice", "response", "stt_final", "ttft", "tts_first_audio", "send_delay"):
             assert turn.timings_ms[name] >= 0, name
@@ -570,5 +584,92 @@ def test_a_seed_parameter_seeds_every_turn_distinctly(seed, expected) -> None:
             await h.settle(lambda: h.call.state is CallState.LISTENING)
         assert h.engine.seeds == expected
         await h.call.close("stop")
+
+    run(main())
+
+
+def test_an_early_reply_starts_at_the_speech_end_and_is_heard_only_after_the_end_of_turn() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+        h.push(20, h.ev("speech_start"))
+        h.push(400)
+        h.push(20, h.ev("speech_end"))
+        await h.settle(lambda: h.engine.calls and len(h.call._early.stream.frames) > 0)
+        # The transcript, the LLM and the TTS ran; the caller hears and sees nothing yet, and may still go on.
+        assert h.engine.calls == [[{"role": "user", "content": "what time is it"}]]
+        assert h.stt.peeks == 1 and h.call.state is CallState.LISTENING and not h.call.record.turns
+        await asyncio.sleep(0.05)
+        assert not h.output.plays
+        assert [k for k, _ in h.output.events if k in ("agent_text", "turn")] == []
+        assert not any(k == "transcript" and d["final"] for k, d in h.output.events)
+
+        h.push(20, h.ev("end_of_turn"))  # the decision releases the held reply
+        await h.settle(lambda: h.output.plays)
+        assert h.call.state is CallState.SPEAKING
+        assert len(h.engine.calls) == 1 and h.engine.dropped == []
+        kinds = [k for k, d in h.output.events if k != "transcript" or d["final"]]
+        assert kinds[:2] == ["transcript", "agent_text"], kinds  # the held events, in their order
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        turn = h.call.record.turns[0]
+        assert turn.user_text == "what time is it" and turn.agent_text == "Hello there my good friend."
+        timeline = turn.timeline
+        assert timeline["llm_queued"] < timeline["end_of_turn"] < timeline["first_audio_sent"]
+        # Figures after the end of turn count only what the caller waited for: nothing for the transcript.
+        assert turn.timings_ms["stt_final"] == 0 and turn.timings_ms["response"] > 0
+        await h.call.close()
+
+    run(main())
+
+
+def test_an_early_reply_is_dropped_when_the_caller_goes_on() -> None:
+    async def main():
+        h = Harness(greeting="Hi.", texts=["I would like", "I would like a cake"])
+        await h.call.start()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        h.push(20, h.ev("speech_start"))
+        h.push(300)
+        h.push(20, h.ev("speech_end"))  # a pause: the early reply starts...
+        await h.settle(lambda: h.engine.calls)
+        assert h.engine.calls[0] == [{"role": "assistant", "content": "Hi."},
+                                     {"role": "user", "content": "I would like"}]
+        h.push(20, h.ev("speech_start"))  # ...and the caller goes on
+        assert h.call._early is None
+        await h.settle(lambda: h.engine.dropped)
+        assert h.engine.dropped == [0] and h.engine.session.marks == []  # the turn left the LLM session
+        assert h.stt.cancelled_turns == 0  # the STT turn goes on: its final covers both parts
+        h.push(300)
+        h.push(20, h.ev("speech_end"))
+        h.output.playing = True
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: any(origin[0] == 1 for origin, _ in h.output.plays))
+        # The greeting the dropped reply had taken goes into the history with the real turn.
+        assert h.engine.calls[1] == [{"role": "assistant", "content": "Hi."},
+                                     {"role": "user", "content": "I would like a cake"}]
+        assert [t.user_text for t in h.call.record.turns] == ["I would like a cake"]
+        assert any(e["type"] == "early_reply_dropped" for e in h.observer.events)
+        await h.call.close()
+
+    run(main())
+
+
+def test_without_preemptive_generation_the_reply_waits_for_the_end_of_turn() -> None:
+    async def main():
+        h = Harness()
+        h.call.cfg.preemptive_generation = False
+        await h.call.start()
+        h.push(20, h.ev("speech_start"))
+        h.push(400)
+        h.push(20, h.ev("speech_end"))
+        await asyncio.sleep(0.05)
+        assert h.engine.calls == [] and h.stt.peeks == 0
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.engine.calls)
+        assert h.call.record.turns[0].user_text == "what time is it"
+        await h.call.close()
 
     run(main())

@@ -215,3 +215,19 @@ def test_a_final_cancelled_while_decoding_leaves_the_worker_serving(caplog) -> N
     assert second.finish().result(timeout=5).text.strip() == "w0 w1 w2 w3 w4"
     stt.close()
     assert "STT worker job failed" not in caplog.text
+
+
+def test_peek_transcribes_up_to_a_point_and_the_turn_goes_on() -> None:
+    """An early reply's transcript: the audio up to the given sample, without ending the turn or firing on_final."""
+    stt, _ = make(partial_interval_ms=5000)  # no partial decodes: the peek and the final decode themselves
+    finals = []
+    stream = stt.open_stream(16000, on_final=finals.append)
+    stream.push(loud(0.6))
+    early = stream.peek(8000).result(timeout=5)  # the first 0.5 s
+    assert early.is_final and early.text == " ".join(f"w{i}" for i in range(5))
+    assert finals == [] and stt.stats.finals_done == 0
+    stream.push(loud(0.4))  # the caller went on: the same turn
+    final = stream.finish().result(timeout=5)
+    stt.close()
+    assert final.text == " ".join(f"w{i}" for i in range(10)) and final.turn == early.turn
+    assert finals == [final] and stt.stats.finals_done == 1

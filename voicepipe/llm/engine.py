@@ -301,6 +301,14 @@ class LLMEngine:
         if not session.block_table:
             self.scheduler.forget_session(session)
 
+    def drop_turns(self, session: Session, keep: int) -> None:
+        """Forget every turn after the first ``keep`` (``len(session.marks)`` before they began): their messages,
+        replies and KV. A call uses it for a reply it started early and then did not want."""
+        with self._lock:
+            self._check_idle(session)
+            if 0 <= keep < len(session.marks):
+                self._restore_mark(session, session.marks[keep])
+
     def rollback_reply(self, session: Session, heard_tokens: int) -> None:
         """Barge-in: keep only the first ``heard_tokens`` tokens of the last reply."""
         if session.reply_start is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-# (figure, from event, to event): each derived figure is the time between two timeline events.
+# (figure, from event, to event): each derived figure is the time between two timeline events. An early reply
+# (calls.preemptive_generation) starts its transcript, LLM and TTS work before the end-of-turn decision; the
+# figures in AFTER_END_OF_TURN count only the part of their span after that decision (what the caller waited).
 SPANS: tuple[tuple[str, str, str], ...] = (
     ("voice_to_voice", "speech_end", "first_audio_sent"),  # what the caller waits, from their last word
     ("response", "end_of_turn", "first_audio_sent"),  # from the end-of-turn decision
@@ -14,17 +16,27 @@ SPANS: tuple[tuple[str, str, str], ...] = (
     ("send_delay", "first_audio_synth", "first_audio_sent"),
 )
 
+AFTER_END_OF_TURN = frozenset({"stt_final", "first_clause", "tts_first_audio", "send_delay"})
+
 # The events of a normal turn (an interrupted turn ends with "interrupted" instead). All but the first partial
-# transcript happen in this order (`CHAIN`); the first partial lies between speech_start and final_transcript:
-# while the caller still speaks or, for a short turn, after they stopped.
+# transcript and the end of turn happen in this order (`CHAIN`). The first partial lies between speech_start and
+# final_transcript: while the caller still speaks or, for a short turn, after they stopped. The end of turn
+# follows speech_end; an early reply's events from final_transcript on may come before it.
 EVENTS: tuple[str, ...] = (
     "speech_start", "speech_end", "end_of_turn", "first_partial", "final_transcript", "llm_queued",
     "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
 )
-CHAIN: tuple[str, ...] = tuple(e for e in EVENTS if e != "first_partial")
+CHAIN: tuple[str, ...] = tuple(e for e in EVENTS if e not in ("first_partial", "end_of_turn"))
 
 
 def derive_timings(timeline: dict[str, float]) -> dict[str, float]:
     """The derived figures in ms, for the spans whose two ends are both on the timeline."""
-    return {name: round((timeline[end] - timeline[start]) * 1000, 1)
-            for name, start, end in SPANS if start in timeline and end in timeline}
+    figures = {}
+    eot = timeline.get("end_of_turn")
+    for name, start, end in SPANS:
+        if start in timeline and end in timeline:
+            begin = timeline[start]
+            if name in AFTER_END_OF_TURN and eot is not None:
+                begin = max(begin, eot)
+            figures[name] = round(max(0.0, timeline[end] - begin) * 1000, 1)
+    return figures

@@ -3,6 +3,11 @@
 States: LISTENING -> THINKING (the caller's turn ended: final transcript, then the LLM) -> SPEAKING (agent
 audio is going out) -> LISTENING (the reply has played). ENDED is final.
 
+Early replies (`calls.preemptive_generation`): at the VAD's speech end the call already takes the transcript
+and starts the LLM and the TTS, holding their audio and client events until the end-of-turn decision (the
+silence that follows, `vad.end_of_turn_silence_ms`). If the caller resumes before that, the early reply is
+cancelled and its turn dropped from the LLM session; the STT turn goes on, so the final covers all the words.
+
 Barge-in: caller speech of at least `barge_in_min_speech_ms` while the agent is THINKING or SPEAKING cancels
 the generation and the TTS, clears the transport's buffered audio, and rolls the LLM session back to the
 tokens whose words the caller heard (from the transport's playout cursor and the TTS word timings). Shorter
@@ -138,6 +143,14 @@ class _Reply:
     record: TurnRecord | None = None
     finished: bool = False  # turn_finished was reported
     transcript: Any = None  # the STT's final for this turn (a concurrent Future)
+    release: asyncio.Event | None = None  # an early reply: its audio and client events wait for this
+    held_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    turns_before: int = 0  # LLM session turns before this reply's (what dropping an early reply goes back to)
+    consumed: tuple[str | None, str | None] = (None, None)  # the greeting / unanswered words its prompt took
+
+    @property
+    def held(self) -> bool:
+        return self.release is not None and not self.release.is_set()
 
 
 class CallSession:
@@ -183,6 +196,7 @@ class CallSession:
         self._stt_sample_start = 0  # TranscriptStream sample at that point
         self._turns = 0
         self._reply: _Reply | None = None
+        self._early: _Reply | None = None  # a reply started at the speech end, before the end-of-turn decision
         self._pending_assistant: str | None = None  # greeting text to put in the history before turn 1
         self._unanswered: str | None = None  # caller words cut off before the LLM heard them: they open the next turn
         self._last_activity = time.monotonic()
@@ -217,6 +231,10 @@ class CallSession:
             return
         self.closed = True
         self.end_reason = reason
+        if self._early is not None:
+            self._early.stream.cancel()
+            self._tasks.add(self._early.task)  # cancelled below with the other tasks
+            self._early = None
         reply = self._reply
         self._reply = None
         if reply is not None:
@@ -277,6 +295,7 @@ class CallSession:
                 self._speech_start = None
                 if self._stt_turn_active:
                     self._next_timeline["speech_end"] = self._sample_time(self._audible_end(ev.sample))
+                    self._start_early_reply()
             elif ev.kind == "end_of_turn":
                 self._on_end_of_turn()
         if self._speech_start is not None and self.state in (CallState.THINKING, CallState.SPEAKING):
@@ -303,6 +322,8 @@ class CallSession:
         self._speech_start = sample
         self._speech_end = None
         self._last_activity = time.monotonic()
+        if self._early is not None:  # the caller goes on: the reply started at their pause is not wanted
+            self._drop_early_reply()
         if self._stt_turn_active:
             return
         # Start the STT turn at the speech start: hand it the buffered audio from there on.
@@ -315,27 +336,83 @@ class CallSession:
         self._stt_sample_start = self.stt.samples_pushed
         self.stt.push(buffered[begin - first:])
 
+    def _stt_end(self) -> int | None:
+        """The VAD's speech end as a sample of the STT stream (None: the turn ended without one)."""
+        end = self._speech_end
+        return None if end is None else self._stt_sample_start + (end - self._stt_vad_start)
+
     def _on_end_of_turn(self) -> None:
         if not self._stt_turn_active:
             return
         self._stt_turn_active = False
-        end = self._speech_end
         if self.state is not CallState.LISTENING:
             self.stt.cancel_turn()  # a noise shorter than the barge-in threshold while the agent talks
             return
-        stt_end = None if end is None else self._stt_sample_start + (end - self._stt_vad_start)
-        future = self.stt.finish(stt_end)
+        early, self._early = self._early, None
+        if early is not None:
+            self.stt.cancel_turn()  # the early reply's transcript is this turn's final
+        else:
+            future = self.stt.finish(self._stt_end())
         self._turns += 1
         now = self._since()
         timeline = {**self._next_timeline, "end_of_turn": now}
         timeline.setdefault("speech_end", now)  # set at the VAD's speech_end, unless the turn ended without one
         self._next_timeline = {}
         self.state = CallState.THINKING
+        if early is not None:
+            self._release(early, timeline)
+            return
         record = TurnRecord(self._turns, timeline=timeline)
         self.record.turns.append(record)
         reply = _Reply(self._turns, self._open_speech(self._turns), record=record)
         reply.transcript = future
         self._start_reply(reply)
+
+    # -- early replies ----------------------------------------------------------------------------
+    def _start_early_reply(self) -> None:
+        """At the VAD's speech end: take the transcript so far and start the reply, held until the end of turn."""
+        if not self.cfg.preemptive_generation or self.state is not CallState.LISTENING or self._early is not None:
+            return
+        turn = self._turns + 1
+        record = TurnRecord(turn, timeline=dict(self._next_timeline))
+        reply = _Reply(turn, self._open_speech(turn), record=record, release=asyncio.Event())
+        reply.transcript = self.stt.peek(self._stt_end())
+        self._early = reply
+        self.note("early_reply", turn=turn)
+        reply.task = asyncio.create_task(self._run_reply(reply), name=f"early-{self.call_id}-{turn}")
+
+    def _release(self, reply: _Reply, timeline: dict[str, float]) -> None:
+        """The end of turn confirms an early reply: it becomes the turn's reply and may be heard."""
+        for key, value in timeline.items():  # the reply's own events (it started before the end of turn) stay
+            reply.record.timeline.setdefault(key, value)
+        reply.record.timeline["end_of_turn"] = timeline["end_of_turn"]
+        self.record.turns.append(reply.record)
+        self._reply = reply
+        reply.release.set()
+        for kind, data in reply.held_events:
+            self._emit(kind, data)
+        reply.held_events.clear()
+        if reply.task.done():  # it ended while held (an empty transcript, an error): end the turn now
+            self._reply_done(reply)
+
+    def _drop_early_reply(self) -> None:
+        reply, self._early = self._early, None
+        reply.stream.cancel()
+        reply.task.cancel()
+        if reply.llm_started:
+            self._pending_assistant, self._unanswered = reply.consumed
+        self.note("early_reply_dropped", turn=reply.turn)
+        self._spawn(self._forget_early_turn(reply), "drop-early")
+
+    async def _forget_early_turn(self, reply: _Reply) -> None:
+        """Take a dropped early reply's turn out of the LLM session, once its generation has stopped."""
+        await asyncio.wait([reply.task])
+        if not reply.llm_started or not await self._session_idle():
+            return
+        try:
+            self.res.engine.drop_turns(self.session, reply.turns_before)
+        except Exception:
+            log.exception("call %s: dropping an early reply's turn failed", self.call_id)
 
     def _on_partial(self, transcript) -> None:  # STT worker thread
         loop = self._loop
@@ -351,6 +428,13 @@ class CallSession:
             self._next_timeline.setdefault("first_partial", at)
         self.note("stt_partial", turn=turn, text=text)
         self._emit("transcript", {"text": text, "final": False, "turn": turn})
+
+    def _emit_for(self, reply: _Reply, kind: str, data: dict[str, Any]) -> None:
+        """A client event of `reply`: held while the reply is an early one, not yet confirmed."""
+        if reply.held:
+            reply.held_events.append((kind, data))
+        else:
+            self._emit(kind, data)
 
     def _emit(self, kind: str, data: dict[str, Any]) -> None:
         if self.closed:
@@ -431,7 +515,7 @@ class CallSession:
                 text = transcript.text.strip()
                 record.user_text = text
                 self.note("stt_final", turn=reply.turn, text=text)
-                self._emit("transcript", {"text": text, "final": True, "turn": reply.turn})
+                self._emit_for(reply, "transcript", {"text": text, "final": True, "turn": reply.turn})
                 if not text:
                     reply.stream.cancel()
                     return
@@ -449,14 +533,21 @@ class CallSession:
                 record.error = f"{type(exc).__name__}: {exc}"
             reply.stream.cancel()
         finally:
-            if self._reply is reply:
-                self._reply = None
-                self._finish_turn(reply)
-                if not self.closed:
-                    self.state = CallState.LISTENING
-                    self._last_activity = time.monotonic()
+            self._reply_done(reply)
+
+    def _reply_done(self, reply: _Reply) -> None:
+        if self._reply is reply:
+            self._reply = None
+            self._finish_turn(reply)
+            if not self.closed:
+                self.state = CallState.LISTENING
+                self._last_activity = time.monotonic()
 
     async def _generate(self, reply: _Reply, record: TurnRecord, text: str) -> None:
+        chores = [t for t in self._tasks if not t.done()]
+        if chores:  # a barge-in's rollback or a dropped early reply still changes the LLM session: it goes first
+            await asyncio.wait(chores)
+        reply.consumed = (self._pending_assistant, self._unanswered)
         messages = []
         if self._pending_assistant:
             messages.append({"role": "assistant", "content": self._pending_assistant})
@@ -466,6 +557,7 @@ class CallSession:
         messages.append({"role": "user", "content": text})
         engine = self.res.engine
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
+        reply.turns_before = len(getattr(self.session, "marks", ()))
         gen = engine.generate(self.session, messages, tier="priority", max_tokens=self.cfg.max_reply_tokens,
                               temperature=self.cfg.temperature, seed=seed)
         reply.generation = gen
@@ -485,12 +577,12 @@ class CallSession:
                 if piece.text:
                     if reply.stream.push_text(piece.text) and "first_clause" not in timeline:
                         timeline["first_clause"] = self._since()
-                    self._emit("agent_text", {"text": piece.text, "final": False, "turn": reply.turn})
+                    self._emit_for(reply, "agent_text", {"text": piece.text, "final": False, "turn": reply.turn})
             if reply.stream.end_text() and "first_clause" not in timeline:
                 timeline["first_clause"] = self._since()
             record.agent_text = reply.text
             self.note("agent_text", turn=reply.turn, text=reply.text, final=True)
-            self._emit("agent_text", {"text": reply.text, "final": True, "turn": reply.turn})
+            self._emit_for(reply, "agent_text", {"text": reply.text, "final": True, "turn": reply.turn})
             await pump
         finally:
             if not pump.done():
@@ -522,10 +614,12 @@ class CallSession:
                 continue
             if reply.first_audio is None:
                 reply.first_audio = time.monotonic()
-                if self.state is CallState.THINKING:
-                    self.state = CallState.SPEAKING
                 if reply.record is not None:
                     reply.record.timeline["first_audio_synth"] = self._since(reply.first_audio)
+            if reply.held:
+                await reply.release.wait()
+            if self.state is CallState.THINKING and self._reply is reply:
+                self.state = CallState.SPEAKING
             self.output.play(frame.samples, (reply.turn, frame.start_sample, len(frame.samples)))
             self._last_activity = time.monotonic()
         if stream.error is not None:
@@ -584,17 +678,19 @@ class CallSession:
             return ""
         return transcript.text.strip()
 
-    async def _rollback(self, heard_tokens: int) -> None:
-        session, engine = self.session, self.res.engine
-        if session is None:
-            return
-        deadline = time.monotonic() + 5.0
-        while session.busy and time.monotonic() < deadline:  # the cancelled generation leaves within a step
+    async def _session_idle(self, timeout_s: float = 5.0) -> bool:
+        """Wait for a cancelled generation to leave the LLM session (within a step); False if the call ended."""
+        session = self.session
+        deadline = time.monotonic() + timeout_s
+        while session is not None and session.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
-        if self.closed or session.closed:
+        return not (self.closed or session is None or session.closed)
+
+    async def _rollback(self, heard_tokens: int) -> None:
+        if not await self._session_idle():
             return
         try:
-            engine.rollback_reply(session, heard_tokens)
+            self.res.engine.rollback_reply(self.session, heard_tokens)
         except Exception:
             log.exception("call %s: rollback failed", self.call_id)
 

@@ -182,12 +182,25 @@ class TranscriptStream:
             if self._resampler is not None:  # the resampler's filter still holds the last few ms
                 self._append(turn, self._resampler.flush())
             turn.finished = True
-            end = turn.n
-            if end_sample is not None:
-                local = round((end_sample - turn.start_input) * SAMPLE_RATE / self.sample_rate) - turn.rolled
-                end = max(0, min(end, local))
+            end = self._turn_end(turn, end_sample)
             self._turn = self._new_turn()
         return self.transcriber._submit_final(self, turn, end)
+
+    def peek(self, end_sample: int | None = None) -> Future[Transcript]:
+        """The transcript of the current turn up to `end_sample`, as `finish` would give it, but the turn goes on:
+        the caller may resume, and a later `finish` covers all of it. (A call starts its reply early with this.)
+        No `on_final` callback; `final` is True because the text is final for the audio up to `end_sample`."""
+        with self._lock:
+            turn = self._turn
+            end = self._turn_end(turn, end_sample)
+        return self.transcriber._submit_final(self, turn, end, peek=True)
+
+    def _turn_end(self, turn: _Turn, end_sample: int | None) -> int:
+        """`end_sample` (stream input samples) as an index into the turn's 16 kHz buffer."""
+        if end_sample is None:
+            return turn.n
+        local = round((end_sample - turn.start_input) * SAMPLE_RATE / self.sample_rate) - turn.rolled
+        return max(0, min(turn.n, local))
 
     def cancel_turn(self) -> None:
         """Drop the current turn without a final (e.g. the VAD's speech was a false start)."""
@@ -211,6 +224,7 @@ class _FinalJob:
     segment: int | None = None
     context: list[int] = field(default_factory=list)
     submitted: float = field(default_factory=time.perf_counter)
+    peek: bool = False  # the turn goes on (TranscriptStream.peek): no on_final, not counted as a final
 
 
 @dataclass
@@ -311,8 +325,8 @@ class Transcriber:
             self._finals.append(job)
             self._cond.notify()
 
-    def _submit_final(self, stream: TranscriptStream, turn: _Turn, end: int) -> Future[Transcript]:
-        job = _FinalJob(stream, turn, end, Future(), context=stream.context)
+    def _submit_final(self, stream: TranscriptStream, turn: _Turn, end: int, peek: bool = False) -> Future[Transcript]:
+        job = _FinalJob(stream, turn, end, Future(), context=stream.context, peek=peek)
         # Fast path: a decode made during speech already covers the end, so the final is ready now, without
         # waiting behind the job the worker is running.
         if turn.pending_segments == 0 and self._reusable(turn, end) is not None:
@@ -434,15 +448,18 @@ class Transcriber:
         last = self._reusable(turn, job.end)
         if last is not None:
             text, ms = last.text, 0.0
-            self.stats.finals_reused += 1
         else:
             start = time.perf_counter() if start is None else start
             text = self._decode([turn.audio(job.end)], [job.context])[0].text
             ms = (time.perf_counter() - start) * 1000
-        self.stats.finals_done += 1
         full = _join(turn.segments, text)
         result = Transcript(full, True, turn.id, full, job.end / 16, ms, last is not None)
         _settle(job.future, result)
+        if job.peek:
+            return
+        self.stats.finals_done += 1
+        if last is not None:
+            self.stats.finals_reused += 1
         if job.stream is not None and job.stream.on_final is not None:
             _call(job.stream.on_final, result)
 
