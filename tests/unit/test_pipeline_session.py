@@ -461,13 +461,18 @@ def test_a_failing_turn_does_not_end_the_call() -> None:
     run(main())
 
 
-@pytest.mark.parametrize("during", ["listening", "speaking"])
+@pytest.mark.parametrize("during", ["listening", "an early reply", "speaking"])
 def test_close_releases_everything(during: str) -> None:
     async def main():
         h = Harness()
         await h.call.start()
         if during == "speaking":
             await h.one_turn()
+        if during == "an early reply":
+            h.push(20, h.ev("speech_start"))
+            h.push(400)
+            h.push(20, h.ev("speech_end"))
+            await h.settle(lambda: h.engine.calls)
         await h.call.close("stop")
         assert h.call.state is CallState.ENDED and h.call.closed
         assert h.engine.closed == [h.engine.session]

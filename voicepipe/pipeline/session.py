@@ -231,10 +231,10 @@ class CallSession:
             return
         self.closed = True
         self.end_reason = reason
-        if self._early is not None:
-            self._early.stream.cancel()
-            self._tasks.add(self._early.task)  # cancelled below with the other tasks
-            self._early = None
+        early, self._early = self._early, None
+        if early is not None:  # not confirmed by an end of turn: it leaves no turn behind
+            early.stream.cancel()
+            early.task.cancel()
         reply = self._reply
         self._reply = None
         if reply is not None:
