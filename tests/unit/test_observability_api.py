@@ -59,7 +59,8 @@ def test_api_lists_and_gets_calls(served) -> None:
     assert [c["id"] for c in calls] == ["call-1", "call-2"]
     first = calls[0]
     assert first["transport"] == "twilio" and first["turn_count"] == 3 and first["outcome"] == "completed"
-    assert first["voice_to_voice_ms"]["p50"] == pytest.approx(900.0)
+    v2v = (EVENTS.index("first_audio_sent") - EVENTS.index("speech_end")) * 100.0  # full_turn: events 0.1 s apart
+    assert first["voice_to_voice_ms"]["p50"] == pytest.approx(v2v)
     assert [c["id"] for c in client.get("/api/calls", params={"transport": "native"}).json()["calls"]] == ["call-2"]
     recent = client.get("/api/calls", params={"since": time.time() - 3600}).json()["calls"]
     assert [c["id"] for c in recent] == ["call-1"]
@@ -117,7 +118,8 @@ def test_the_call_list_page_shows_calls_and_filters(served) -> None:
     client, _ = served
     page = client.get("/dashboard").text  # default: the last 24 h
     assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-1"]
-    assert 'href="/dashboard/calls/call-1"' in page and ">900 ms<" in page
+    v2v = (EVENTS.index("first_audio_sent") - EVENTS.index("speech_end")) * 100  # full_turn: events 0.1 s apart
+    assert 'href="/dashboard/calls/call-1"' in page and f">{v2v} ms<" in page
     page = client.get("/dashboard", params={"range": "all"}).text
     assert re.findall(r'data-call-id="([^"]+)"', page) == ["call-1", "call-2"]
     page = client.get("/dashboard", params={"range": "all", "transport": "native"}).text

@@ -8,7 +8,7 @@ from voicepipe.observability.timeline import EVENTS, derive_timings
 from voicepipe.observability.waterfall import STAGES, turn_stages, waterfall_svg
 
 # A plausible turn: seconds since the call started for each event, in order.
-TIMELINE = dict(zip(EVENTS, [3.0, 4.2, 4.36, 3.5, 4.40, 4.40, 4.43, 4.61, 4.85, 4.97, 4.98, 7.5], strict=True))
+TIMELINE = dict(zip(EVENTS, [3.0, 4.2, 4.36, 3.5, 4.36, 4.40, 4.40, 4.43, 4.61, 4.85, 4.97, 4.98, 7.5], strict=True))
 
 
 def test_stages_from_a_timeline_start_at_the_speech_end_and_follow_the_pipeline() -> None:

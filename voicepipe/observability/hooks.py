@@ -10,7 +10,8 @@ Times in events and turn timelines are seconds since the call started (`CallReco
 Turn timeline keys (`TurnRecord.timeline`), in the order they normally happen:
   speech_start, speech_end        the VAD's segment (first start and last end of the caller's turn)
   end_of_turn                     the end-of-turn decision
-  first_partial, final_transcript the STT
+  first_partial, stt_requested, final_transcript    the STT (an early reply requests its transcript at the
+                                  speech end, and its events up to the first audio may precede end_of_turn)
   llm_queued, prefill_start, first_token    the engine request
   first_clause                    the first text chunk handed to TTS
   first_audio_synth, first_audio_sent       the first agent sample synthesized, then handed to the transport

@@ -19,11 +19,13 @@ SPANS: tuple[tuple[str, str, str], ...] = (
 AFTER_END_OF_TURN = frozenset({"stt_final", "first_clause", "tts_first_audio", "send_delay"})
 
 # The events of a normal turn (an interrupted turn ends with "interrupted" instead). All but the first partial
-# transcript and the end of turn happen in this order (`CHAIN`). The first partial lies between speech_start and
-# final_transcript: while the caller still speaks or, for a short turn, after they stopped. The end of turn
-# follows speech_end; an early reply's events from final_transcript on may come before it.
+# transcript and the end of turn happen in this order (`CHAIN`). The first partial follows speech_start: while
+# the caller still speaks or, for a short turn, after they stopped (even after an early reply's final transcript,
+# which the STT worker serves first). The end of turn follows speech_end. The final transcript is requested
+# (stt_requested) at the end of turn, or, for an early reply, at the VAD's speech end; then that reply's events
+# up to its first audio may come before the end of turn.
 EVENTS: tuple[str, ...] = (
-    "speech_start", "speech_end", "end_of_turn", "first_partial", "final_transcript", "llm_queued",
+    "speech_start", "speech_end", "end_of_turn", "first_partial", "stt_requested", "final_transcript", "llm_queued",
     "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
 )
 CHAIN: tuple[str, ...] = tuple(e for e in EVENTS if e not in ("first_partial", "end_of_turn"))

@@ -3,8 +3,9 @@
 `turn_stages()` is pure: it places each stage of one stored turn on a time axis that starts when the caller
 stopped speaking (ms). It reads the turn's timeline (seconds since the call started; keys in
 `observability/hooks.py`) and falls back to the derived figures (`timings_ms`) for turns stored without
-one. `waterfall_svg()` draws one `<g class="turn" data-turn="N">` row per turn on a scale shared by every
-row, so a flat (or growing) TTFT across 30 turns shows at a glance.
+one. An early reply's stages (calls.preemptive_generation) overlap the end-of-turn wait.
+`waterfall_svg()` draws one `<g class="turn" data-turn="N">` row per turn on a scale shared by every row,
+so a flat (or growing) TTFT across 30 turns shows at a glance.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 # previous one ended; a missing end event leaves the stage out.
 STAGES: list[tuple[str, str, str, str]] = [
     ("end_of_turn", "end-of-turn detection", "speech_end", "end_of_turn"),
-    ("stt", "STT final transcript", "end_of_turn", "final_transcript"),
+    ("stt", "STT final transcript", "stt_requested", "final_transcript"),
     ("queue", "LLM queue", "llm_queued", "prefill_start"),
     ("prefill", "prefill → first token (TTFT)", "prefill_start", "first_token"),
     ("first_clause", "first clause", "first_token", "first_clause"),

@@ -362,7 +362,7 @@ class CallSession:
         if early is not None:
             self._release(early, timeline)
             return
-        record = TurnRecord(self._turns, timeline=timeline)
+        record = TurnRecord(self._turns, timeline={**timeline, "stt_requested": now})
         self.record.turns.append(record)
         reply = _Reply(self._turns, self._open_speech(self._turns), record=record)
         reply.transcript = future
@@ -374,7 +374,7 @@ class CallSession:
         if not self.cfg.preemptive_generation or self.state is not CallState.LISTENING or self._early is not None:
             return
         turn = self._turns + 1
-        record = TurnRecord(turn, timeline=dict(self._next_timeline))
+        record = TurnRecord(turn, timeline={**self._next_timeline, "stt_requested": self._since()})
         reply = _Reply(turn, self._open_speech(turn), record=record, release=asyncio.Event())
         reply.transcript = self.stt.peek(self._stt_end())
         self._early = reply
