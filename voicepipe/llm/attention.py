@@ -3,14 +3,18 @@
 The stock model code (Llama, Qwen2/3, Mistral, ...) calls ``cache.update(k, v, layer_idx, kwargs=...)`` and then the
 attention function named by ``config._attn_implementation``. ``PagedKVCache.update`` writes the step's new K/V into
 the pool and hands the layer's pool and the step's layout to ``paged_attention`` through those kwargs; the attention
-function then runs, for every sequence in the packed batch, SDPA of its new queries against its own paged history.
+function then attends, for every sequence in the packed batch, its new queries to its own paged history.
 
-Everything that depends only on the step (slot indices, gather indices, masks) is built once per step in
-``StepLayout``, not per layer.
+Decode rows read their histories in place (``DecodeBatch``): a sampled matmul computes each query's scores against
+exactly its own slots, and a weighted bag sum reads the values, so no history is ever copied out of the pool, however
+its blocks are scattered. Prefill spans copy their blocks when they are not consecutive (one sequence, once per
+chunk). Everything that depends only on the step (slot indices, masks) is built once per step in ``StepLayout``, not
+per layer.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +22,18 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 ATTN_NAME = "voicepipe_paged"
+
+# Our CSR tensors only carry the decode pattern into ``sampled_addmm``; torch says once that CSR is "beta".
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+
+
+@dataclass
+class BlockGather:
+    """One sequence's history in non-consecutive blocks: ``blocks`` [n], of which ``length`` tokens are kept."""
+
+    blocks: torch.Tensor
+    block_size: int
+    length: int
 
 
 @dataclass
@@ -33,11 +49,42 @@ class PrefillSpan:
 
 
 @dataclass
+class DecodeBatch:
+    """The decode rows' histories as pool slots, padded to the longest (``slots`` [B, Lmax]).
+
+    Query rows are ordered (kv head, sequence, query head of the group), so each kv head is one sampled matmul over
+    its own plane of the pool. ``pattern`` is the sparse CSR [kv_heads, B * group, pool slots] whose row (b, g) holds
+    sequence b's slots; ``bag_ids`` [kv_heads * B * group, Lmax] are the same slots as rows of the value pool viewed
+    [kv_heads * slots, head_dim]. ``mask`` [B, Lmax] is additive (0 / -inf) for the padding, None when all lengths
+    are equal."""
+
+    pattern: torch.Tensor
+    bag_ids: torch.Tensor
+    mask: torch.Tensor | None
+
+    @classmethod
+    def build(cls, slots: torch.Tensor, lengths: torch.Tensor, kv_heads: int, group: int, pool_slots: int,
+              dtype: torch.dtype) -> DecodeBatch:
+        b, width = slots.shape
+        rows = slots[:, None, :].expand(b, group, width).reshape(1, -1)
+        planes = torch.arange(kv_heads, device=slots.device)[:, None] * pool_slots
+        crow = torch.arange(0, (b * group + 1) * width, width, device=slots.device).expand(kv_heads, -1)
+        pattern = torch.sparse_csr_tensor(crow.contiguous(), rows.expand(kv_heads, -1).contiguous(),
+                                          torch.zeros(kv_heads, rows.shape[1], dtype=dtype, device=slots.device),
+                                          size=(kv_heads, b * group, pool_slots), check_invariants=False)
+        bag_ids = (rows + planes).view(kv_heads * b * group, width)
+        mask = None
+        if bool((lengths != width).any()):
+            keep = torch.arange(width, device=slots.device)[None, :] < lengths[:, None]
+            mask = torch.zeros(keep.shape, dtype=dtype, device=slots.device).masked_fill_(~keep, float("-inf"))
+        return cls(pattern, bag_ids, mask)
+
+
+@dataclass
 class StepLayout:
     slots: torch.Tensor  # [T] pool slot of each new token
     decode_rows: torch.Tensor | None = None  # [B] packed positions of the decode tokens
-    decode_kv: slice | BlockGather | None = None  # a slice (one sequence in consecutive blocks) or block ids
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax] additive (0 / -inf), None when all lengths are equal
+    decode: slice | DecodeBatch | None = None  # a slice: one sequence in consecutive blocks
     decode_rows_slice: slice | None = None  # the decode rows as a slice when they are consecutive
     prefills: list[PrefillSpan] = field(default_factory=list)
     decode_only: bool = False  # every token of the step is a decode, in packed order
@@ -45,7 +92,8 @@ class StepLayout:
 
 
 class PagedKVCache:
-    """Per-layer K and V pools, token-major: ``[num_blocks * block_size, num_kv_heads, head_dim]``."""
+    """Per-layer K and V pools, head-major: ``[num_kv_heads, num_blocks * block_size, head_dim]``, so that the slots
+    of one kv head form one matrix (a run of consecutive slots is a matmul-ready view)."""
 
     is_compileable = False
 
@@ -53,7 +101,7 @@ class PagedKVCache:
                  dtype: torch.dtype, device: str | torch.device) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_kv_heads, num_blocks * block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.layout: StepLayout | None = None
@@ -66,8 +114,8 @@ class PagedKVCache:
         """Write the new tokens' K/V ([1, kv_heads, T, head_dim]) into their slots; pass the pool on to attention."""
         layout = self.layout
         kp, vp = self.k[layer_idx], self.v[layer_idx]
-        kp.index_copy_(0, layout.slots, key_states[0].transpose(0, 1))
-        vp.index_copy_(0, layout.slots, value_states[0].transpose(0, 1))
+        kp.index_copy_(1, layout.slots, key_states[0])
+        vp.index_copy_(1, layout.slots, value_states[0])
         if kwargs is not None:
             kwargs["vp_pool"] = (kp, vp)
             kwargs["vp_layout"] = layout
@@ -78,26 +126,48 @@ class PagedKVCache:
         return 0
 
 
-@dataclass
-class BlockGather:
-    """History held in non-consecutive blocks: ``blocks`` is [n] (one sequence, ``length`` tokens kept) or
-    [B, n] (a batch, padded; the step's mask hides the padding). Whole blocks are copied, not single slots."""
-
-    blocks: torch.Tensor
-    block_size: int
-    length: int = 0
-
-
 def _history(pool: torch.Tensor, kv: slice | BlockGather) -> torch.Tensor:
-    """[1 or B, kv_heads, L, head_dim]: a view of the pool (consecutive blocks) or a block-wise copy."""
+    """[1, kv_heads, L, head_dim]: a view of the pool (consecutive blocks) or a block-wise copy."""
     if isinstance(kv, slice):
-        return pool[kv].transpose(0, 1).unsqueeze(0)
-    tail = pool.shape[1:]
-    by_block = pool.view(-1, kv.block_size, *tail)
-    if kv.blocks.dim() == 1:
-        return by_block.index_select(0, kv.blocks).view(-1, *tail)[:kv.length].transpose(0, 1).unsqueeze(0)
-    b, n = kv.blocks.shape
-    return by_block.index_select(0, kv.blocks.reshape(-1)).view(b, n * kv.block_size, *tail).transpose(1, 2)
+        return pool[:, kv].unsqueeze(0)
+    heads, _, dim = pool.shape
+    by_block = pool.view(heads, -1, kv.block_size, dim)
+    return by_block.index_select(1, kv.blocks).view(heads, -1, dim)[:, :kv.length].unsqueeze(0)
+
+
+def _decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch: DecodeBatch,
+                      scale: float | None) -> torch.Tensor:
+    """``q`` [B, heads, head_dim] -> [B, heads, head_dim], reading K and V where they lie in the pool."""
+    b, heads, dim = q.shape
+    kv_heads = kp.shape[0]
+    group = heads // kv_heads
+    scale = dim ** -0.5 if scale is None else scale
+    qk = q.reshape(b, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, b * group, dim)
+    scores = torch.sparse.sampled_addmm(batch.pattern, qk, kp.transpose(1, 2), beta=0.0, alpha=scale)
+    s = scores.values().view(kv_heads, b, group, -1)
+    if batch.mask is not None:
+        s = s + batch.mask[None, :, None]
+    p = torch.softmax(s, dim=-1).view(batch.bag_ids.shape)
+    o = F.embedding_bag(batch.bag_ids, vp.view(-1, dim), mode="sum", per_sample_weights=p)
+    return o.view(kv_heads, b, group, dim).transpose(0, 1).reshape(b, heads, dim)
+
+
+def _decode(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, layout: StepLayout, scale: float | None,
+            gqa: bool) -> torch.Tensor:
+    """``q`` [B, heads, head_dim] (the decode rows) -> [B, heads, head_dim]."""
+    if isinstance(layout.decode, DecodeBatch):
+        return _decode_attention(q, kp, vp, layout.decode, scale)
+    k, v = _history(kp, layout.decode), _history(vp, layout.decode)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=gqa)
+    return o[:, :, 0]
+
+
+def _prefill(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, span: PrefillSpan, scale: float | None,
+             gqa: bool) -> torch.Tensor:
+    """``query`` [1, heads, n, head_dim] (the span's rows) -> [1, heads, n, head_dim]."""
+    k, v = _history(kp, span.kv), _history(vp, span.kv)
+    return F.scaled_dot_product_attention(query, k, v, attn_mask=span.mask, is_causal=span.mask is None,
+                                          scale=scale, enable_gqa=gqa)
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -109,38 +179,22 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     kp, vp = kwargs["vp_pool"]
-    gqa = query.shape[1] != kp.shape[1]
-    # Fast paths (the common steps): no output buffer, no scatter, fewer kernel launches.
+    gqa = query.shape[1] != kp.shape[0]
     if layout.decode_only:
-        q = query if query.shape[2] == 1 else query[0].transpose(0, 1).unsqueeze(2)  # [B, heads, 1, head_dim]
-        k, v = _history(kp, layout.decode_kv), _history(vp, layout.decode_kv)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=gqa)
-        return o.reshape(1, o.shape[0], o.shape[1], o.shape[3]), None
+        return _decode(query[0].transpose(0, 1), kp, vp, layout, scaling, gqa).unsqueeze(0), None
     if layout.single_prefill:
-        span = layout.prefills[0]
-        k, v = _history(kp, span.kv), _history(vp, span.kv)
-        o = F.scaled_dot_product_attention(query, k, v, attn_mask=span.mask, is_causal=span.mask is None,
-                                           scale=scaling, enable_gqa=gqa)
-        return o.transpose(1, 2), None
+        return _prefill(query, kp, vp, layout.prefills[0], scaling, gqa).transpose(1, 2), None
     out = torch.empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype,
                       device=query.device)
     if layout.decode_rows is not None:
         if layout.decode_rows_slice is not None:
-            q = query[0, :, layout.decode_rows_slice]
+            o = _decode(query[0, :, layout.decode_rows_slice].transpose(0, 1), kp, vp, layout, scaling, gqa)
+            out[0, layout.decode_rows_slice] = o
         else:
-            q = query[0].index_select(1, layout.decode_rows)
-        q = q.transpose(0, 1).unsqueeze(2)  # [B, heads, 1, head_dim]
-        k, v = _history(kp, layout.decode_kv), _history(vp, layout.decode_kv)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=gqa)
-        if layout.decode_rows_slice is not None:
-            out[0, layout.decode_rows_slice] = o[:, :, 0]
-        else:
-            out[0].index_copy_(0, layout.decode_rows, o[:, :, 0])
+            o = _decode(query[0].index_select(1, layout.decode_rows).transpose(0, 1), kp, vp, layout, scaling, gqa)
+            out[0].index_copy_(0, layout.decode_rows, o)
     for span in layout.prefills:
-        q = query[:, :, span.t0:span.t0 + span.n]
-        k, v = _history(kp, span.kv), _history(vp, span.kv)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=span.mask, is_causal=span.mask is None,
-                                           scale=scaling, enable_gqa=gqa)
+        o = _prefill(query[:, :, span.t0:span.t0 + span.n], kp, vp, span, scaling, gqa)
         out[0, span.t0:span.t0 + span.n] = o[0].transpose(0, 1)
     return out, None
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from voicepipe.llm.attention import BlockGather, PagedKVCache, PrefillSpan, StepLayout, register
+from voicepipe.llm.attention import BlockGather, DecodeBatch, PagedKVCache, PrefillSpan, StepLayout, register
 from voicepipe.llm.scheduler import ScheduledItem
 
 log = logging.getLogger(__name__)
@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ModelShape:
     num_layers: int
+    num_heads: int
     num_kv_heads: int
     head_dim: int
     max_context: int
@@ -26,7 +27,7 @@ class ModelShape:
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         heads = text_cfg.num_attention_heads
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
-        return cls(text_cfg.num_hidden_layers, getattr(text_cfg, "num_key_value_heads", None) or heads, head_dim,
+        return cls(text_cfg.num_hidden_layers, heads, getattr(text_cfg, "num_key_value_heads", None) or heads, head_dim,
                    int(getattr(text_cfg, "max_position_embeddings", 4096)))
 
 
@@ -60,6 +61,26 @@ class ModelRunner:
                 table[i] == first + i for i in range(1, n_blocks)):
             return slice(first * bs, first * bs + length)
         return BlockGather(torch.tensor(table[:n_blocks], dtype=torch.long, device=self.device), bs, length)
+
+    def _decode_ref(self, items: list[ScheduledItem]) -> slice | DecodeBatch:
+        """A slice for one sequence in consecutive blocks, else every decode history as slots read in place."""
+        lengths = [it.start + 1 for it in items]
+        if len(items) == 1:
+            kv = self._kv_ref(items[0].request.session.block_table, lengths[0])
+            if isinstance(kv, slice):
+                return kv
+        bs = self.block_size
+        n_max = -(-max(lengths) // bs)
+        tables = []
+        for it, length in zip(items, lengths, strict=True):
+            table = it.request.session.block_table[:-(-length // bs)]
+            tables.append(table + [table[0]] * (n_max - len(table)))  # padding: any valid block, masked out
+        blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
+        slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(items), -1)
+        slots = slots[:, :max(lengths)]
+        return DecodeBatch.build(slots, torch.tensor(lengths, device=self.device), self.shape.num_kv_heads,
+                                 self.shape.num_heads // self.shape.num_kv_heads, self.cache.num_blocks * bs,
+                                 self.dtype)
 
     def _additive_mask(self, keep: torch.Tensor) -> torch.Tensor:
         """0 where ``keep``, -inf elsewhere, in the model's dtype. SDPA turns a boolean mask into exactly this, but
@@ -99,20 +120,7 @@ class ModelRunner:
             layout.decode_rows = torch.tensor(rows, dtype=torch.long, device=dev)
             if rows == list(range(rows[0], rows[0] + len(rows))):
                 layout.decode_rows_slice = slice(rows[0], rows[0] + len(rows))
-            lengths = [it.start + 1 for _, it in decodes]
-            if len(decodes) == 1:
-                layout.decode_kv = self._kv_ref(decodes[0][1].request.session.block_table, lengths[0])
-            else:
-                bs = self.block_size
-                n_max = -(-max(lengths) // bs)
-                tables = []
-                for (_, it), length in zip(decodes, lengths, strict=True):
-                    table = it.request.session.block_table[:-(-length // bs)]
-                    tables.append(table + [table[-1]] * (n_max - len(table)))
-                layout.decode_kv = BlockGather(torch.tensor(tables, dtype=torch.long, device=dev), bs)
-                lens = torch.tensor(lengths, device=dev)
-                keep = torch.arange(n_max * bs, device=dev)[None, :] < lens[:, None]
-                layout.decode_mask = self._additive_mask(keep)[:, None, None, :]
+            layout.decode = self._decode_ref([it for _, it in decodes])
         layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
         layout.single_prefill = not decodes and len(prefills) == 1
         input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
