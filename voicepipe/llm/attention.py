@@ -63,20 +63,21 @@ class DecodeBatch:
     mask: torch.Tensor | None
 
     @classmethod
-    def build(cls, slots: torch.Tensor, lengths: torch.Tensor, kv_heads: int, group: int, pool_slots: int,
+    def build(cls, slots: torch.Tensor, lengths: list[int], kv_heads: int, group: int, pool_slots: int,
               dtype: torch.dtype) -> DecodeBatch:
         b, width = slots.shape
+        dev = slots.device
         rows = slots[:, None, :].expand(b, group, width).reshape(1, -1)
-        planes = torch.arange(kv_heads, device=slots.device)[:, None] * pool_slots
-        crow = torch.arange(0, (b * group + 1) * width, width, device=slots.device).expand(kv_heads, -1)
+        crow = torch.arange(0, (b * group + 1) * width, width, device=dev).expand(kv_heads, -1)
         pattern = torch.sparse_csr_tensor(crow.contiguous(), rows.expand(kv_heads, -1).contiguous(),
-                                          torch.zeros(kv_heads, rows.shape[1], dtype=dtype, device=slots.device),
+                                          torch.zeros(kv_heads, rows.shape[1], dtype=dtype, device=dev),
                                           size=(kv_heads, b * group, pool_slots), check_invariants=False)
+        planes = torch.arange(kv_heads, device=dev)[:, None] * pool_slots
         bag_ids = (rows + planes).view(kv_heads * b * group, width)
         mask = None
-        if bool((lengths != width).any()):
-            keep = torch.arange(width, device=slots.device)[None, :] < lengths[:, None]
-            mask = torch.zeros(keep.shape, dtype=dtype, device=slots.device).masked_fill_(~keep, float("-inf"))
+        if min(lengths) < width:
+            keep = torch.arange(width, device=dev)[None, :] < torch.tensor(lengths, device=dev)[:, None]
+            mask = torch.zeros(keep.shape, dtype=dtype, device=dev).masked_fill_(~keep, float("-inf"))
         return cls(pattern, bag_ids, mask)
 
 

@@ -78,8 +78,8 @@ class ModelRunner:
         blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
         slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(items), -1)
         slots = slots[:, :max(lengths)]
-        return DecodeBatch.build(slots, torch.tensor(lengths, device=self.device), self.shape.num_kv_heads,
-                                 self.shape.num_heads // self.shape.num_kv_heads, self.cache.num_blocks * bs,
+        group = self.shape.num_heads // self.shape.num_kv_heads
+        return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, group, self.cache.num_blocks * bs,
                                  self.dtype)
 
     def _additive_mask(self, keep: torch.Tensor) -> torch.Tensor:
