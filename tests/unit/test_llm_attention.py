@@ -79,3 +79,20 @@ def test_paged_attention_matches_sdpa(layout, heads, kv_heads, dtype, tol):
     scale = DIM ** -0.5
     out, _ = paged_attention(None, query, None, None, None, scaling=scale, vp_pool=(kp, vp), vp_layout=step)
     torch.testing.assert_close(out, reference(query, kp, vp, items, scale), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("layout", ["decode batch sharing a first run", "decode batch, equal lengths"])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2)])
+def test_the_gathering_decode_path_off_the_cpu_matches_sdpa(layout, heads, kv_heads):
+    """The decode path used on CUDA (keys gathered, no sparse kernels), run here on the CPU."""
+    from voicepipe.llm.attention import _decode_attention
+
+    torch.manual_seed(0)
+    runner = make_runner(heads, kv_heads, torch.float64)
+    items = LAYOUTS[layout]
+    _, _, step, _ = runner.build(items)
+    kp, vp = runner.cache.k[0].normal_(), runner.cache.v[0].normal_()
+    query = torch.randn(1, heads, len(items), DIM, dtype=torch.float64)
+    scale = DIM ** -0.5
+    out = _decode_attention(query[0].transpose(0, 1), kp, vp, step.decode, scale, sparse=False)
+    torch.testing.assert_close(out.unsqueeze(0), reference(query, kp, vp, items, scale), rtol=1e-12, atol=1e-12)

@@ -137,15 +137,24 @@ def _history(pool: torch.Tensor, kv: slice | BlockGather) -> torch.Tensor:
 
 
 def _decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch: DecodeBatch,
-                      scale: float | None) -> torch.Tensor:
-    """``q`` [B, heads, head_dim] -> [B, heads, head_dim], reading K and V where they lie in the pool."""
+                      scale: float | None, sparse: bool | None = None) -> torch.Tensor:
+    """``q`` [B, heads, head_dim] -> [B, heads, head_dim], reading K and V where they lie in the pool.
+
+    ``sparse`` (default: on CPU) computes the scores with a sampled matmul. Elsewhere the keys are gathered first:
+    the sparse kernels there do not cover every dtype (bf16 on CUDA), and device memory makes the copy cheap."""
     b, heads, dim = q.shape
     kv_heads = kp.shape[0]
     group = heads // kv_heads
     scale = dim ** -0.5 if scale is None else scale
     qk = q.reshape(b, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, b * group, dim)
-    scores = torch.sparse.sampled_addmm(batch.pattern, qk, kp.transpose(1, 2), beta=0.0, alpha=scale)
-    s = scores.values().view(kv_heads, b, group, -1)
+    if sparse is None:
+        sparse = kp.device.type == "cpu"
+    if sparse:
+        scores = torch.sparse.sampled_addmm(batch.pattern, qk, kp.transpose(1, 2), beta=0.0, alpha=scale).values()
+    else:
+        keys = kp.view(-1, dim)[batch.bag_ids]  # [kv_heads * B * group, Lmax, head_dim]
+        scores = torch.bmm(keys, qk.reshape(-1, dim, 1)).mul_(scale)
+    s = scores.view(kv_heads, b, group, -1)
     if batch.mask is not None:
         s = s + batch.mask[None, :, None]
     p = torch.softmax(s, dim=-1).view(batch.bag_ids.shape)
