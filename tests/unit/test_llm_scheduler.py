@@ -16,9 +16,9 @@ def make_request(n_prompt: int, tier: str = "default", max_tokens: int = 4, base
     return Request(session=session, params=SamplingParams(max_tokens=max_tokens), tier=tier)
 
 
-def run_step(sched: Scheduler):
+def run_step(sched: Scheduler, now: float = 0.0):
     """One step with a fake model: commit the scheduled tokens, 'sample' token 7, finish at max_tokens."""
-    plan = sched.schedule()
+    plan = sched.schedule(now)
     for item in plan.items:
         req = item.request
         req.session.commit(sched.blocks, item.n_tokens)
@@ -61,7 +61,7 @@ def test_token_budget_decodes_first_then_chunked_prefill():
         decodes = [it for it in plan.items if it.request in short]
         assert all(it.n_tokens == 1 for it in decodes)
         # decodes come before any prefill chunk in the plan
-        kinds = ["d" if it.request in short else "p" for it in plan.items]
+        kinds = ["d" if it.request in short or it.start >= 100 else "p" for it in plan.items]
         assert kinds == sorted(kinds)
         chunks += [it.n_tokens for it in plan.items if it.request is long and it.start < 100]
     assert chunks[0] == 13  # 16 minus the three decodes
@@ -178,3 +178,54 @@ def test_priority_prefill_step_defers_lower_tier_decodes_once():
     second = run_step(sched)
     assert set(flex) <= {it.request for it in second.items}  # never two steps in a row: flex decodes again
     assert voice in {it.request for it in second.items}  # and the voice reply decodes beside them
+
+
+def start_flex(sched: Scheduler, n: int) -> list[Request]:
+    """``n`` flex requests past their prefill, decoding one token a step."""
+    flex = [make_request(3, "flex", max_tokens=1000, base=100 * i) for i in range(n)]
+    for r in flex:
+        sched.add(r)
+    run_step(sched)
+    return flex
+
+
+def test_flex_decodes_capped_while_voice_work_is_live_and_take_turns():
+    sched = Scheduler(BlockManager(512, BS), max_tokens_per_step=64, max_running=16, flex_decode_cap=3,
+                      flex_cap_hold_s=5.0)
+    flex = start_flex(sched, 8)
+    assert len(run_step(sched, now=1.0).items) == 8  # no voice work yet: the full batch
+
+    voice = make_request(30, "priority", max_tokens=3, base=9000)
+    sched.add(voice)
+    assert [it.request for it in run_step(sched, now=2.0).items] == [voice]  # its prefill runs alone
+    counts = dict.fromkeys(flex, 0)
+    for t in (2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0):  # the reply decodes, ends; the cap holds 5 s after it
+        plan = run_step(sched, now=t)
+        flex_items = [it for it in plan.items if it.request.tier == "flex"]
+        assert len(flex_items) == 3
+        for it in flex_items:
+            counts[it.request] += 1
+    assert voice.state is State.FINISHED
+    assert sorted(counts.values()) == [3] * 8  # 24 decodes over 8 requests: everyone took turns
+
+    assert len(run_step(sched, now=8.1).items) == 8  # the hold ran out: the full batch again
+
+
+def test_flex_cap_none_keeps_the_full_batch_beside_voice_work():
+    sched = Scheduler(BlockManager(512, BS), max_tokens_per_step=64, max_running=16, flex_decode_cap=None)
+    flex = start_flex(sched, 8)
+    voice = make_request(4, "default", max_tokens=50, base=9000)
+    sched.add(voice)
+    run_step(sched)  # the voice prefill (flex sits it out)
+    assert {it.request for it in run_step(sched).items} == set(flex) | {voice}
+
+
+def test_flex_decodes_progress_under_constant_priority_arrivals():
+    sched = Scheduler(BlockManager(4096, BS), max_tokens_per_step=64, max_running=64, flex_decode_cap=2)
+    flex = start_flex(sched, 6)
+    for step in range(60):  # a new voice prompt every step, each replying with 2 tokens
+        sched.add(make_request(8, "priority", max_tokens=2, base=10_000 + 100 * step))
+        run_step(sched, now=float(step))
+    # prefill steps defer flex at most every other step and the cap rotates: 60 steps, >= 30 with 2 flex decodes
+    assert all(len(r.output_ids) >= 9 for r in flex)
+    assert sum(len(r.output_ids) for r in flex) >= 60

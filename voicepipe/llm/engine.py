@@ -192,7 +192,8 @@ class LLMEngine:
         num_blocks = max(2, pool_bytes // (per_token * s.block_size))
         self.blocks = BlockManager(num_blocks, s.block_size)
         self.runner = ModelRunner(model, num_blocks, s.block_size)
-        self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps)
+        self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps,
+                                   s.flex_decode_cap, s.flex_cap_hold_s)
         self.capacity_tokens = num_blocks * s.block_size
         self.max_context = min(shape.max_context, self.capacity_tokens)
         self.context_budget = min(s.context_tokens or shape.max_context, self.max_context)
@@ -508,7 +509,7 @@ class LLMEngine:
                     if not self._running:
                         return
                     self._reap()
-                    plan = self.scheduler.schedule() if self.scheduler.has_work else None
+                    plan = self.scheduler.schedule(time.monotonic()) if self.scheduler.has_work else None
                     if plan is None or not plan.items:
                         self._lock.wait(timeout=0.05)
                         continue

@@ -77,6 +77,7 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     enqueued_step: int = 0
     admitted: bool = False  # got its first prefill chunk at least once
+    last_decode: int = 0  # the scheduler's decode count when it last decoded (decodes take turns by it)
     cancelled: bool = False
     keep_output: int | None = None  # set by a stop string: keep this many output tokens
     finish_reason: str | None = None

@@ -1,11 +1,15 @@
 """Scheduler policy: what one engine step computes. Pure logic over sessions and the block manager.
 
 Each step:
-1. Running decodes first, one token each, in tier order (``priority`` > ``default`` > ``flex``), then arrival.
+1. Running decodes first, one token each, in tier order (``priority`` > ``default`` > ``flex``), then least
+   recently decoded.
 2. Then prefill chunks, up to the step's token budget: requests already mid-prefill first, then the waiting queue
    in tier order then arrival. A ``flex`` request that has waited ``flex_aging_steps`` steps ranks as ``priority``,
    so it cannot starve.
-3. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
+3. While ``priority`` or ``default`` work is live (or was within ``flex_cap_hold_s``), at most ``flex_decode_cap``
+   flex decodes run per step, least recently decoded first: a voice prompt that arrives mid-step waits for that
+   step to end, and a batch of 8 flex decodes makes it about twice as long as a single decode on a CPU.
+4. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
    (latest arrival first). A preempted request goes back to the queue and recomputes its K/V when it resumes.
 """
 
@@ -15,8 +19,10 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from voicepipe.llm.blocks import BlockManager
-from voicepipe.llm.request import Request, State
+from voicepipe.llm.request import TIER_RANK, Request, State
 from voicepipe.llm.session import Session
+
+FLEX_RANK = TIER_RANK["flex"]
 
 
 @dataclass
@@ -44,11 +50,13 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_tokens_per_step: int = 256, max_running: int = 32,
-                 flex_aging_steps: int = 64) -> None:
+                 flex_aging_steps: int = 64, flex_decode_cap: int | None = 4, flex_cap_hold_s: float = 10.0) -> None:
         self.blocks = blocks
         self.max_tokens_per_step = max_tokens_per_step
         self.max_running = max_running
         self.flex_aging_steps = flex_aging_steps
+        self.flex_decode_cap = flex_decode_cap
+        self.flex_cap_hold_s = flex_cap_hold_s
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.idle: OrderedDict[int, Session] = OrderedDict()  # sessions holding blocks, least recently used first
@@ -57,6 +65,8 @@ class Scheduler:
         self.preemptions_by_tier: Counter[str] = Counter()
         self.unpins = 0
         self._deferred_last_step = False  # lower-tier decodes sat out the last step (see schedule())
+        self.decodes_scheduled = 0
+        self._interactive_seen: float | None = None  # when priority/default work was last waiting or running
 
     # -- queue ----------------------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -120,8 +130,19 @@ class Scheduler:
         self.preemptions_by_tier[req.tier] += 1
         plan.preempted.append(req)
 
+    # -- flex cap ---------------------------------------------------------------------------------------------------
+    def _flex_capped(self, now: float) -> bool:
+        return (self.flex_decode_cap is not None and self._interactive_seen is not None
+                and now - self._interactive_seen <= self.flex_cap_hold_s)
+
+    def _over_flex_cap(self, decodes: list[Request]) -> set[int]:
+        """Ids of the flex decodes beyond the cap: the least recently decoded ones run, so all take turns."""
+        flex = [r for r in decodes if r.rank == FLEX_RANK]  # least recently decoded first (see schedule())
+        return {r.id for r in flex[self.flex_decode_cap:]}
+
     # -- one step -------------------------------------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
+    def schedule(self, now: float) -> StepPlan:
+        """Plan the next step; ``now`` (monotonic seconds) times the flex cap's hold."""
         self.step_no += 1
         plan = StepPlan([], [], [])
         bm = self.blocks
@@ -132,12 +153,16 @@ class Scheduler:
         # a voice turn's first token does not wait behind a batch of background decodes; never two steps in a
         # row, so the lower tiers keep at least half their pace under any load.
         decodes = sorted((r for r in self.running if r.session.pending == 1 and r.admitted),
-                         key=lambda r: (r.rank, r.seq))
+                         key=lambda r: (r.rank, r.last_decode, r.seq))
         prefill_ranks = [r.rank for r in self.waiting] + [r.rank for r in self.running if r.session.pending > 1]
         best_prefill = min(prefill_ranks, default=None)
         deferring = (best_prefill is not None and not self._deferred_last_step
                      and any(r.rank > best_prefill for r in decodes))
         deferred = {r.id for r in decodes if r.rank > best_prefill} if deferring else set()
+        if any(r.rank < FLEX_RANK for r in self.waiting + self.running):
+            self._interactive_seen = now
+        if self._flex_capped(now):
+            deferred |= self._over_flex_cap(decodes)
         decodes = [r for r in decodes if r.id not in deferred]
         self._deferred_last_step = deferring
         for req in decodes:
@@ -152,6 +177,8 @@ class Scheduler:
                 continue
             s.ensure_slots(bm, s.num_cached + 1)
             plan.items.append(ScheduledItem(req, s.num_cached, 1))
+            self.decodes_scheduled += 1
+            req.last_decode = self.decodes_scheduled
             scheduled.add(req.id)
             budget -= 1
 
