@@ -8,7 +8,7 @@ Each step:
    so it cannot starve.
 3. While ``priority`` or ``default`` work is live (or was within ``flex_cap_hold_s``), at most ``flex_decode_cap``
    flex decodes run per step, least recently decoded first: a voice prompt that arrives mid-step waits for that
-   step to end, and a batch of 8 flex decodes makes it about twice as long as a single decode on a CPU.
+   step to end, and on a CPU a batch of 8 decodes takes two to three times as long as a single one.
 4. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
    (latest arrival first). A preempted request goes back to the queue and recomputes its K/V when it resumes.
 """
