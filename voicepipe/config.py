@@ -144,6 +144,9 @@ class CallSettings(Section):
     # Start the reply at the VAD's speech end and hold its audio until the end-of-turn decision; dropped if the
     # caller resumes. Saves up to vad.end_of_turn_silence_ms per turn, at the cost of LLM work on false ends.
     preemptive_generation: bool = True
+    # Pause the reply's LLM decoding while the TTS makes its first audio (at most this long; 0: off). On a CPU the
+    # two share the cores and the caller waits for that audio, not for the tokens after it.
+    first_audio_llm_pause_ms: int = Field(400, ge=0, le=5000)
     idle_timeout_s: float = Field(120.0, gt=0.0)  # no caller speech and no agent audio this long: hang up
     max_reply_tokens: int = Field(60, ge=1, le=4096)
     temperature: float = Field(0.0, ge=0.0, le=2.0)  # 0: greedy

@@ -172,6 +172,23 @@ async def test_dropping_a_cancelled_early_turn_restores_the_session(engine, refe
     engine.close_session(session)
 
 
+async def test_a_paused_generation_decodes_nothing_until_resumed(engine, reference):
+    messages = [{"role": "user", "content": "Name three farm animals."}]
+    gen = engine.generate(None, messages, max_tokens=N, ignore_eos=True)
+    pieces = []
+    async for piece in gen:
+        pieces.append(piece)
+        if len(pieces) == 1:
+            gen.pause(30.0)
+            paused = len(gen.request.output_ids)
+            await asyncio.sleep(0.6)  # several decode steps' worth
+            assert len(gen.request.output_ids) <= paused + 1  # at most the step already planned
+            gen.resume()
+    assert len(gen.token_ids) == N  # then it went on, and the output is what it would have been
+    prompt = reference[1].apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert gen.token_ids == greedy_reference(reference, prompt)
+
+
 async def test_preempted_request_resumes_and_matches_generate(engine_model, reference):
     # a pool of 6 blocks x 16 tokens: two of these requests cannot both hold their KV
     engine = start_engine(engine_model, kv_cache_mib=4, block_size=16, max_tokens_per_step=64)

@@ -229,3 +229,19 @@ def test_flex_decodes_progress_under_constant_priority_arrivals():
     # prefill steps defer flex at most every other step and the cap rotates: 60 steps, >= 30 with 2 flex decodes
     assert all(len(r.output_ids) >= 9 for r in flex)
     assert sum(len(r.output_ids) for r in flex) >= 60
+
+
+def test_a_paused_request_sits_out_until_resumed_or_its_pause_ends():
+    sched = Scheduler(BlockManager(64, BS), max_tokens_per_step=16, max_running=8)
+    voice, other = make_request(4, "priority", max_tokens=20), make_request(4, max_tokens=20, base=100)
+    for r in (voice, other):
+        sched.add(r)
+    run_step(sched, now=0.0)  # both prefill and sample their first token
+    voice.paused_until = 5.0  # Generation.pause(max_s=5) at t=0
+    for t in (1.0, 2.0):
+        assert [it.request for it in run_step(sched, now=t).items] == [other]
+    assert {it.request.id for it in run_step(sched, now=5.0).items} == {voice.id, other.id}  # the pause ran out
+    voice.paused_until = 9.0
+    assert voice not in [it.request for it in run_step(sched, now=6.0).items]
+    voice.paused_until = 0.0  # Generation.resume()
+    assert voice in [it.request for it in run_step(sched, now=6.5).items]

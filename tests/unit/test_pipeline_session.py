@@ -149,6 +149,12 @@ class FakeGeneration:
     def __aiter__(self):
         return self._run()
 
+    def pause(self, max_s: float) -> None:
+        self.engine.pauses.append(("pause", max_s))
+
+    def resume(self) -> None:
+        self.engine.pauses.append(("resume",))
+
 
 class FakeEngine:
     def __init__(self, reply: str = "Hello there my good friend.") -> None:
@@ -156,6 +162,7 @@ class FakeEngine:
         self.calls: list[list[dict]] = []
         self.rollbacks: list[int] = []
         self.dropped: list[int] = []  # drop_turns(keep) calls
+        self.pauses: list[tuple] = []  # the generations' pause / resume calls
         self.seeds: list[int | None] = []
         self.closed: list = []
         self.session = None
@@ -675,6 +682,21 @@ def test_without_preemptive_generation_the_reply_waits_for_the_end_of_turn() -> 
         h.push(20, h.ev("end_of_turn"))
         await h.settle(lambda: h.engine.calls)
         assert h.call.record.turns[0].user_text == "what time is it"
+        await h.call.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("pause_ms", [400, 0])
+def test_the_llm_pauses_while_the_first_audio_is_synthesized(pause_ms: int) -> None:
+    async def main():
+        h = Harness()
+        h.call.cfg.first_audio_llm_pause_ms = pause_ms
+        await h.call.start()
+        await h.one_turn()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        # Paused at the first clause handed to the TTS, resumed at its first frame: once per reply.
+        assert h.engine.pauses == ([("pause", 0.4), ("resume",)] if pause_ms else [("resume",)])
         await h.call.close()
 
     run(main())

@@ -112,6 +112,15 @@ class Generation:
     def cancel(self) -> None:
         self._engine._cancel(self.request)
 
+    def pause(self, max_s: float) -> None:
+        """Decode no more tokens of this reply until ``resume()``, or for ``max_s`` at most. A call pauses its reply
+        while the TTS makes the first audio: on a CPU the two compete for the same cores, and the caller waits for
+        that audio, not for the tokens after it."""
+        self._engine._pause(self.request, time.monotonic() + max_s)
+
+    def resume(self) -> None:
+        self._engine._pause(self.request, 0.0)
+
     def __aiter__(self) -> AsyncIterator[Piece]:
         if self._started:
             raise RuntimeError("a Generation can be iterated once")
@@ -482,6 +491,11 @@ class LLMEngine:
     def _cancel(self, req: Request) -> None:
         with self._lock:
             req.cancelled = True
+            self._lock.notify_all()
+
+    def _pause(self, req: Request, until: float) -> None:
+        with self._lock:
+            req.paused_until = until
             self._lock.notify_all()
 
     def _stop_at(self, req: Request, n_output: int) -> None:

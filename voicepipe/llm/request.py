@@ -79,6 +79,7 @@ class Request:
     admitted: bool = False  # got its first prefill chunk at least once
     last_decode: int = 0  # the scheduler's decode count when it last decoded (decodes take turns by it)
     cancelled: bool = False
+    paused_until: float = 0.0  # monotonic time: its decodes sit out the steps planned before it (Generation.pause)
     keep_output: int | None = None  # set by a stop string: keep this many output tokens
     finish_reason: str | None = None
     generator: Any = None

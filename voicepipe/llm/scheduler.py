@@ -11,6 +11,7 @@ Each step:
    step to end, and on a CPU a batch of 8 decodes takes two to three times as long as a single one.
 4. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
    (latest arrival first). A preempted request goes back to the queue and recomputes its K/V when it resumes.
+5. A paused request (``Generation.pause``, until its ``paused_until``) is left out of the steps.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class Scheduler:
         # 1. decodes. While a higher tier's prompt waits for prefill, lower tiers' decodes sit the step out, so
         # a voice turn's first token does not wait behind a batch of background decodes; never two steps in a
         # row, so the lower tiers keep at least half their pace under any load.
-        decodes = sorted((r for r in self.running if r.session.pending == 1 and r.admitted),
+        decodes = sorted((r for r in self.running if r.session.pending == 1 and r.admitted and r.paused_until <= now),
                          key=lambda r: (r.rank, r.last_decode, r.seq))
         prefill_ranks = [r.rank for r in self.waiting] + [r.rank for r in self.running if r.session.pending > 1]
         best_prefill = min(prefill_ranks, default=None)
@@ -183,8 +184,8 @@ class Scheduler:
             budget -= 1
 
         # 2. prefill chunks: mid-prefill running requests, then the waiting queue
-        mid = sorted((r for r in self.running if r.id not in scheduled | deferred and r.session.pending > 0),
-                     key=lambda r: (r.rank, r.seq))
+        mid = sorted((r for r in self.running if r.id not in scheduled | deferred and r.session.pending > 0
+                      and r.paused_until <= now), key=lambda r: (r.rank, r.seq))
         queue = sorted(self.waiting, key=self._wait_key)
         for req in mid + queue:
             if budget <= 0:

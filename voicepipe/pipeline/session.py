@@ -577,6 +577,8 @@ class CallSession:
                 if piece.text:
                     if reply.stream.push_text(piece.text) and "first_clause" not in timeline:
                         timeline["first_clause"] = self._since()
+                        if self.cfg.first_audio_llm_pause_ms:
+                            gen.pause(self.cfg.first_audio_llm_pause_ms / 1000)  # _pump_audio resumes it
                     self._emit_for(reply, "agent_text", {"text": piece.text, "final": False, "turn": reply.turn})
             if reply.stream.end_text() and "first_clause" not in timeline:
                 timeline["first_clause"] = self._since()
@@ -614,6 +616,8 @@ class CallSession:
                 continue
             if reply.first_audio is None:
                 reply.first_audio = time.monotonic()
+                if reply.generation is not None:
+                    reply.generation.resume()
                 if reply.record is not None:
                     reply.record.timeline["first_audio_synth"] = self._since(reply.first_audio)
             if reply.held:
