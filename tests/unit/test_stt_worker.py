@@ -231,3 +231,26 @@ def test_peek_transcribes_up_to_a_point_and_the_turn_goes_on() -> None:
     stt.close()
     assert final.text == " ".join(f"w{i}" for i in range(10)) and final.turn == early.turn
     assert finals == [final] and stt.stats.finals_done == 1
+
+
+def test_no_partials_over_silence_after_the_pause_one() -> None:
+    """After speech stops, one partial at the pause; then silence asks for none (nothing new was said)."""
+    stt, fake = make(partial_interval_ms=200)
+    stream = stt.open_stream(16000, on_partial=lambda _: None)
+    for _ in range(50):  # 1 s of speech
+        stream.push(loud(0.02))
+        time.sleep(0.002)
+    time.sleep(0.3)
+    during_speech = len(fake.calls)
+    for _ in range(100):  # 2 s of silence: 10 partial intervals
+        stream.push(np.zeros(320, np.float32))
+        time.sleep(0.002)
+    time.sleep(0.3)
+    after_silence = len(fake.calls)
+    stream.push(loud(0.4))  # the caller speaks again: partials resume
+    time.sleep(0.3)
+    resumed = len(fake.calls)
+    stt.close()
+    assert during_speech >= 3
+    assert after_silence - during_speech == 1, fake.calls  # the pause's partial, no more
+    assert resumed > after_silence

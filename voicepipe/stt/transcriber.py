@@ -124,9 +124,11 @@ class TranscriptStream:
                 audio = self._resampler.process(audio)
             turn = self._turn
             self._append(turn, audio)
-            due = turn.n - turn.requested_at >= self.transcriber.partial_samples
-            if self._pause_began(turn, audio):
-                due = True  # speech just stopped: decode now, so the final is ready when the VAD says so
+            # Speech just stopped: decode now, so the final is ready when the VAD says so. Otherwise every
+            # partial_interval, but not over silence: nothing new was said (and an early reply is busy then).
+            since = turn.n - turn.requested_at
+            pause = self._pause_began(turn, audio)
+            due = pause or (since >= self.transcriber.partial_samples and turn.quiet < since)
             if due and len(audio):
                 turn.requested_at = turn.n
         if due:
