@@ -20,9 +20,11 @@ pytestmark = pytest.mark.e2e
 
 TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native", "audiosocket")
 # Sentences whisper-tiny.en transcribes reliably from espeak-ng, at 8 kHz u-law too, with their key words.
+# Key words the server's transcript must hold. "capital", not "france": over 8 kHz telephone audio tiny.en has
+# heard "France" as "front" about one call in four; the transports, not the STT's accuracy, are under test here.
 THREE_TURNS = [("I want to book a table for dinner.", "dinner"),
                ("Tell me about the weather in London.", "london"),
-               ("What is the capital of France?", "france")]
+               ("What is the capital of France?", "capital")]
 
 
 def speak(text: str, directory: Path) -> Utterance:
@@ -108,7 +110,7 @@ def test_barge_in(server, voice_dir: Path, transport: str) -> None:
 
     record = result.record
     assert record["barge_ins"] == 1
-    assert "france" in record["turns"][1]["user_text"].lower()
+    assert "capital" in record["turns"][1]["user_text"].lower()
     assert_history_keeps_what_was_heard(record)
     assert not app.state.calls.active
 
@@ -118,7 +120,7 @@ def test_four_simultaneous_calls(server, voice_dir: Path) -> None:
     base, app = server
     plans = [("native", [("I want to book a table for dinner.", "dinner"), ("Tell me about the weather in London.",
                                                                              "london")]),
-             ("vonage", [("What is the capital of France?", "france"), ("How do I reset my password?",
+             ("vonage", [("What is the capital of France?", "capital"), ("How do I reset my password?",
                                                                         "password")]),
              ("native", [("My computer will not turn on.", "computer"), ("Please send me the invoice.", "invoice")]),
              ("vonage", [("Where is the nearest hospital?", "hospital"), ("I lost my credit card.", "credit")])]

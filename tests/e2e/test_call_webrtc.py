@@ -103,7 +103,7 @@ def test_barge_in_over_webrtc(server, voice_dir: Path) -> None:
 
     record = result.record
     assert record["barge_ins"] == 1
-    assert "france" in record["turns"][1]["user_text"].lower()
+    assert "capital" in record["turns"][1]["user_text"].lower()
     assert_history_keeps_what_was_heard(record)
     wait_until(lambda: no_calls_left(app), 10, "the call to go")
 
@@ -194,7 +194,7 @@ def test_a_vanishing_peer_ends_its_call_and_another_call_carries_on(server, voic
     """A caller killed mid-greeting (no hang-up, no DTLS close) is noticed within seconds; a concurrent
     WebRTC call is not disturbed."""
     base, app = server
-    turns = [("What is the capital of France?", "france"), ("I lost my credit card.", "credit")]
+    turns = [("What is the capital of France?", "capital"), ("I lost my credit card.", "credit")]
     healthy: dict = {}
     utts = [speak(text, voice_dir) for text, _ in turns]
 
