@@ -557,7 +557,7 @@ class CallSession:
         messages.append({"role": "user", "content": text})
         engine = self.res.engine
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
-        reply.turns_before = len(getattr(self.session, "marks", ()))
+        reply.turns_before = len(self.session.marks)
         gen = engine.generate(self.session, messages, tier="priority", max_tokens=self.cfg.max_reply_tokens,
                               temperature=self.cfg.temperature, seed=seed)
         reply.generation = gen
