@@ -36,6 +36,12 @@ class BlockGather:
     length: int
 
 
+def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``keep``, -inf elsewhere. SDPA turns a boolean mask into exactly this, but on every call, i.e. in
+    every layer; built once per step it is shared by all layers."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
+
+
 @dataclass
 class PrefillSpan:
     """A prefill chunk: tokens ``t0 .. t0+n`` of the packed batch attend to history slots ``kv`` (a ``slice`` of
@@ -76,8 +82,8 @@ class DecodeBatch:
         bag_ids = (rows + planes).view(kv_heads * b * group, width)
         mask = None
         if min(lengths) < width:
-            keep = torch.arange(width, device=dev)[None, :] < torch.tensor(lengths, device=dev)[:, None]
-            mask = torch.zeros(keep.shape, dtype=dtype, device=dev).masked_fill_(~keep, float("-inf"))
+            mask = additive_mask(torch.arange(width, device=dev)[None, :] < torch.tensor(lengths, device=dev)[:, None],
+                                 dtype)
         return cls(pattern, bag_ids, mask)
 
 

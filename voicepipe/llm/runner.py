@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
-from voicepipe.llm.attention import BlockGather, DecodeBatch, PagedKVCache, PrefillSpan, StepLayout, register
+from voicepipe.llm.attention import (
+    BlockGather,
+    DecodeBatch,
+    PagedKVCache,
+    PrefillSpan,
+    StepLayout,
+    additive_mask,
+    register,
+)
 from voicepipe.llm.scheduler import ScheduledItem
 
 log = logging.getLogger(__name__)
@@ -82,11 +90,6 @@ class ModelRunner:
         return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, group, self.cache.num_blocks * bs,
                                  self.dtype)
 
-    def _additive_mask(self, keep: torch.Tensor) -> torch.Tensor:
-        """0 where ``keep``, -inf elsewhere, in the model's dtype. SDPA turns a boolean mask into exactly this, but
-        on every call, i.e. in every layer; built once per step it is shared by all layers."""
-        return torch.zeros(keep.shape, dtype=self.dtype, device=self.device).masked_fill_(~keep, float("-inf"))
-
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids, position ids, the step layout and the packed index of each sampled token."""
         dev = self.device
@@ -111,8 +114,8 @@ class ModelRunner:
             kv = self._kv_ref(s.block_table, end)
             mask = None
             if item.start > 0:
-                mask = self._additive_mask(torch.arange(end, device=dev)[None, :]
-                                           <= torch.arange(item.start, end, device=dev)[:, None])[None, None]
+                keep = torch.arange(end, device=dev)[None, :] <= torch.arange(item.start, end, device=dev)[:, None]
+                mask = additive_mask(keep, self.dtype)[None, None]
             prefills.append(PrefillSpan(t0, item.n_tokens, kv, mask))
         layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev), prefills=prefills)
         if decodes:
