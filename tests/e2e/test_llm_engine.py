@@ -189,6 +189,29 @@ async def test_a_paused_generation_decodes_nothing_until_resumed(engine, referen
     assert gen.token_ids == greedy_reference(reference, prompt)
 
 
+async def test_a_voice_request_aborts_a_flex_step_and_the_flex_reply_is_unchanged(engine, reference):
+    """A priority prompt stops a running flex-only step; the flex reply goes on exactly as greedy decoding would."""
+    tok = reference[1]
+    flex_msgs = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+    flex = engine.generate(None, flex_msgs, tier="flex", max_tokens=2 * N, ignore_eos=True)
+    flex_task = asyncio.ensure_future(run(flex))
+    while not flex.token_ids:
+        await asyncio.sleep(0.01)
+    aborted = engine.stats()["aborted_steps"]
+    voice_msgs = [{"role": "user", "content": "What time do you open?"}]
+    voice_replies = []
+    while engine.stats()["aborted_steps"] == aborted and not flex_task.done():
+        await asyncio.sleep(0.05)  # mid-step: the flex decodes are running
+        voice = engine.generate(None, voice_msgs, tier="priority", max_tokens=1)
+        await run(voice)
+        voice_replies.append(voice.token_ids)
+    assert engine.stats()["aborted_steps"] > aborted, "no flex step was aborted"
+    await flex_task
+    for msgs, ids in ((flex_msgs, flex.token_ids), (voice_msgs, voice_replies[-1])):
+        prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+        assert ids == greedy_reference(reference, prompt, len(ids))
+
+
 async def test_preempted_request_resumes_and_matches_generate(engine_model, reference):
     # a pool of 6 blocks x 16 tokens: two of these requests cannot both hold their KV
     engine = start_engine(engine_model, kv_cache_mib=4, block_size=16, max_tokens_per_step=64)

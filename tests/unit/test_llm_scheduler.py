@@ -245,3 +245,27 @@ def test_a_paused_request_sits_out_until_resumed_or_its_pause_ends():
     assert voice not in [it.request for it in run_step(sched, now=6.0).items]
     voice.paused_until = 0.0  # Generation.resume()
     assert voice in [it.request for it in run_step(sched, now=6.5).items]
+
+
+def test_flex_only_steps_are_abortable_but_never_two_in_a_row():
+    sched = Scheduler(BlockManager(512, BS), max_tokens_per_step=64, max_running=16)
+    flex = start_flex(sched, 3)
+    plan = sched.schedule(0.0)
+    assert plan.abortable and {it.request for it in plan.items} == set(flex)
+    sched.step_aborted()  # a voice prompt arrived: the engine dropped the step, nothing was committed
+    voice = make_request(30, "priority", max_tokens=3, base=9000)
+    sched.add(voice)
+    replanned = run_step(sched)
+    assert [it.request for it in replanned.items] == [voice] and not replanned.abortable
+    after = run_step(sched)  # flex was held back twice (aborted, then deferred): this step is flex's
+    assert set(flex) <= {it.request for it in after.items}
+    assert not after.abortable  # it also holds the voice reply's decode
+    for _ in range(2):
+        run_step(sched)  # the voice reply ends
+    assert voice.state is State.FINISHED
+    assert sched.schedule(0.0).abortable  # flex work only again
+    sched.step_aborted()
+    assert sched.aborted_steps == 2
+    again = run_step(sched)
+    assert {it.request for it in again.items} == set(flex)  # the aborted decodes are planned again
+    assert not again.abortable  # flex made no progress in the last step: this one must not be lost

@@ -98,9 +98,15 @@ class StepLayout:
     single_prefill: bool = False  # the step is one prefill span and nothing else
 
 
+class StepAborted(Exception):
+    """Raised inside the model's forward when the engine asked to stop the running step (see ``PagedKVCache``)."""
+
+
 class PagedKVCache:
     """Per-layer K and V pools, head-major: ``[num_kv_heads, num_blocks * block_size, head_dim]``, so that the slots
-    of one kv head form one matrix (a run of consecutive slots is a matmul-ready view)."""
+    of one kv head form one matrix (a run of consecutive slots is a matmul-ready view).
+
+    ``abort_requested``, set from another thread, stops the running forward at its next layer (``StepAborted``)."""
 
     is_compileable = False
 
@@ -112,6 +118,7 @@ class PagedKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.layout: StepLayout | None = None
+        self.abort_requested = False
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -119,6 +126,8 @@ class PagedKVCache:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, kwargs=None, **_):
         """Write the new tokens' K/V ([1, kv_heads, T, head_dim]) into their slots; pass the pool on to attention."""
+        if self.abort_requested:
+            raise StepAborted
         layout = self.layout
         kp, vp = self.k[layer_idx], self.v[layer_idx]
         kp.index_copy_(1, layout.slots, key_states[0])

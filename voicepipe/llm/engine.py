@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voicepipe.config import LLMSettings
-from voicepipe.llm.attention import PagedKVCache
+from voicepipe.llm.attention import PagedKVCache, StepAborted
 from voicepipe.llm.blocks import BlockManager
 from voicepipe.llm.chat import ChatRenderer, validate_messages
 from voicepipe.llm.detok import IncrementalDetokenizer
@@ -41,7 +41,7 @@ from voicepipe.llm.errors import (
     SessionBusyError,
     SessionClosedError,
 )
-from voicepipe.llm.request import Request, RequestStats, State, tier_rank
+from voicepipe.llm.request import TIER_RANK, Request, RequestStats, State, tier_rank
 from voicepipe.llm.runner import ModelRunner, ModelShape
 from voicepipe.llm.sampling import SamplingParams, make_generator, sample
 from voicepipe.llm.scheduler import Scheduler
@@ -214,6 +214,7 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._running = False
         self._sessions: dict[int, Session] = {}
+        self._step_abortable = False  # the running step is flex work only (see Scheduler.step_aborted)
         self.counters = {"requests": 0, "finished": 0, "cancelled": 0, "errors": 0, "overloaded": 0,
                          "compactions": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
                          "steps": 0, "max_batch": 0}
@@ -429,6 +430,8 @@ class LLMEngine:
                 self._finish(req, "length")
             else:
                 self.scheduler.add(req)
+                if self._step_abortable and req.rank < TIER_RANK["flex"]:
+                    self.runner.cache.abort_requested = True
                 self._lock.notify_all()
         return Generation(self, req, queue, list(params.stop))
 
@@ -529,6 +532,8 @@ class LLMEngine:
                         continue
                     for s in plan.unpinned:
                         log.debug("unpinned idle session %d", s.id)
+                    self._step_abortable = plan.abortable
+                    self.runner.cache.abort_requested = False
                     now = time.monotonic()
                     self.counters["max_batch"] = max(self.counters["max_batch"], len(plan.items))
                     for item in plan.items:
@@ -543,6 +548,11 @@ class LLMEngine:
                     sampled = [it for it in plan.items if it.samples]
                     tokens = sample(logits, [it.request.params for it in sampled],
                                     [it.request.generator for it in sampled]) if sampled else []
+                except StepAborted:  # a voice request arrived during a flex-only step: plan again, it goes first
+                    with self._lock:
+                        self._step_abortable = False
+                        self.scheduler.step_aborted()
+                    continue
                 except Exception as exc:  # a failed step fails its requests; the engine carries on
                     log.exception("LLM step failed")
                     with self._lock:
@@ -551,6 +561,7 @@ class LLMEngine:
                             self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
                     continue
                 with self._lock:
+                    self._step_abortable = False
                     self._after_step(plan.items, tokens)
         except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
             log.exception("LLM engine thread crashed")
@@ -650,6 +661,7 @@ class LLMEngine:
                 "prefix_hit_rate": (self.counters["cached_prompt_tokens"] / prompt) if prompt else 0.0,
                 "block_hit_rate": (bm.hit_blocks / bm.lookup_blocks) if bm.lookup_blocks else 0.0,
                 "preemptions": self.scheduler.preemptions,
+                "aborted_steps": self.scheduler.aborted_steps,
                 "preemptions_by_tier": dict(self.scheduler.preemptions_by_tier),
                 "unpinned_sessions": self.scheduler.unpins,
                 "waiting": len(self.scheduler.waiting),

@@ -12,6 +12,10 @@ Each step:
 4. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
    (latest arrival first). A preempted request goes back to the queue and recomputes its K/V when it resumes.
 5. A paused request (``Generation.pause``, until its ``paused_until``) is left out of the steps.
+6. A step of ``flex`` work only is ``abortable``: a ``priority`` or ``default`` request that arrives while it runs
+   stops it at the next layer (the engine discards it; nothing was committed or sampled), because on a CPU one
+   step of background decodes lasts as long as the voice prompt's own prefill. Never right after a step that
+   held flex back (aborted, or deferred for a prefill), so flex still gets at least one step in three.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class StepPlan:
     items: list[ScheduledItem]
     preempted: list[Request]
     unpinned: list[Session]
+    abortable: bool = False  # flex work only: a priority/default arrival may stop it (see the module doc)
 
     @property
     def num_tokens(self) -> int:
@@ -66,6 +71,8 @@ class Scheduler:
         self.preemptions_by_tier: Counter[str] = Counter()
         self.unpins = 0
         self._deferred_last_step = False  # lower-tier decodes sat out the last step (see schedule())
+        self._flex_held_back = False  # the last step deferred or aborted flex work: the next is not abortable
+        self.aborted_steps = 0
         self.decodes_scheduled = 0
         self._interactive_seen: float | None = None  # when priority/default work was last waiting or running
 
@@ -217,7 +224,16 @@ class Scheduler:
             plan.items.append(ScheduledItem(req, s.num_cached, chunk))
             scheduled.add(req.id)
             budget -= chunk
+        plan.abortable = (bool(plan.items) and not self._flex_held_back
+                          and all(it.request.rank == FLEX_RANK for it in plan.items))
+        self._flex_held_back = deferring
         return plan
+
+    def step_aborted(self) -> None:
+        """The engine stopped the last planned (abortable) step: its tokens were neither committed nor sampled, and
+        its requests are planned again from where they were."""
+        self.aborted_steps += 1
+        self._flex_held_back = True
 
     def expired(self, now: float, timeout_s: float) -> list[Request]:
         """Waiting requests never admitted within ``timeout_s`` (the engine fails them as overloaded)."""
