@@ -120,9 +120,6 @@ class LLMSettings(Section):
     compaction_target: float = Field(0.6, gt=0.0, le=1.0)  # compact down to this fraction of the budget
     admission_timeout_s: float = Field(30.0, gt=0.0)  # waiting longer than this: "overloaded" error
     flex_aging_steps: int = Field(64, ge=1)  # a flex request waiting this many steps ranks as priority
-    flex_decode_cap: int | None = Field(4, ge=1)  # flex decodes per step while priority/default work is live
-    # (shorter steps, so a voice turn arriving mid-step starts sooner); None: no cap
-    flex_cap_hold_s: float = Field(10.0, ge=0.0)  # the cap holds this long after the last priority/default request
     default_max_tokens: int = Field(256, ge=0)
 
 

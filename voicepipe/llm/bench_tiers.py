@@ -1,8 +1,8 @@
 """`voicepipe bench tiers`: does a voice turn keep its TTFT while flex work soaks up the engine?
 
 Voice-like requests (a ~30-token message on a cached ~300-token history) are measured three ways in one
-run: on an idle engine (the baseline), then as `priority` and as `default` while 8 `flex` requests
-generate 256 tokens each. Ratios of p95 TTFT against the idle p95 are what matters.
+run: on an idle engine (the baseline, before and after the rest), then as `priority` and as `default` while
+8 `flex` requests generate 256 tokens each. Ratios of p95 TTFT against the idle p95 are what matters.
 """
 
 from __future__ import annotations
@@ -87,15 +87,20 @@ def summarize(ttfts: list[float]) -> dict[str, float]:
 
 async def run_tiers_bench(engine, n_turns: int = 24, n_sessions: int = 4, n_flex: int = 8,
                           flex_tokens: int = 256) -> dict[str, Any]:
-    idle = await _voice_turns(engine, "priority", n_turns, n_sessions)
+    # The idle baseline is measured before and after the loaded runs and pooled, so that a drift of the shared
+    # machine's speed (or a cold start) over the run does not land on one side of the ratios only.
+    idle_before = await _voice_turns(engine, "priority", n_turns, n_sessions)
     priority, flex_tps_p = await _with_flex_load(engine, "priority", n_turns, n_sessions, n_flex, flex_tokens)
     default, flex_tps_d = await _with_flex_load(engine, "default", n_turns, n_sessions, n_flex, flex_tokens)
+    idle_after = await _voice_turns(engine, "priority", n_turns, n_sessions)
+    idle = idle_before + idle_after
     idle_s, prio_s, def_s = summarize(idle), summarize(priority), summarize(default)
     return {
         "workload": {"voice_turns": n_turns, "voice_sessions": n_sessions, "flex_requests": n_flex,
                      "flex_tokens_each": flex_tokens,
                      "history_tokens": len(engine.tokenizer(HISTORY)["input_ids"])},
-        "ttft_ms": {"idle": idle_s, "priority_under_flex": prio_s, "default_under_flex": def_s},
+        "ttft_ms": {"idle": idle_s, "idle_before": summarize(idle_before), "idle_after": summarize(idle_after),
+                    "priority_under_flex": prio_s, "default_under_flex": def_s},
         "flex_tokens_per_s": flex_tps_p,
         "flex_tokens_per_s_during_default": flex_tps_d,
         "ratios": {"priority_p95_over_idle_p95": prio_s["p95"] / idle_s["p95"],

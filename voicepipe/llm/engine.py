@@ -201,8 +201,7 @@ class LLMEngine:
         num_blocks = max(2, pool_bytes // (per_token * s.block_size))
         self.blocks = BlockManager(num_blocks, s.block_size)
         self.runner = ModelRunner(model, num_blocks, s.block_size)
-        self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps,
-                                   s.flex_decode_cap, s.flex_cap_hold_s)
+        self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps)
         self.capacity_tokens = num_blocks * s.block_size
         self.max_context = min(shape.max_context, self.capacity_tokens)
         self.context_budget = min(s.context_tokens or shape.max_context, self.max_context)

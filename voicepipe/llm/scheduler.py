@@ -6,13 +6,10 @@ Each step:
 2. Then prefill chunks, up to the step's token budget: requests already mid-prefill first, then the waiting queue
    in tier order then arrival. A ``flex`` request that has waited ``flex_aging_steps`` steps ranks as ``priority``,
    so it cannot starve.
-3. While ``priority`` or ``default`` work is live (or was within ``flex_cap_hold_s``), at most ``flex_decode_cap``
-   flex decodes run per step, least recently decoded first: a voice prompt that arrives mid-step waits for that
-   step to end, and on a CPU a batch of 8 decodes takes two to three times as long as a single one.
-4. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
+3. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
    (latest arrival first). A preempted request goes back to the queue and recomputes its K/V when it resumes.
-5. A paused request (``Generation.pause``, until its ``paused_until``) is left out of the steps.
-6. A step of ``flex`` work only is ``abortable``: a ``priority`` or ``default`` request that arrives while it runs
+4. A paused request (``Generation.pause``, until its ``paused_until``) is left out of the steps.
+5. A step of ``flex`` work only is ``abortable``: a ``priority`` or ``default`` request that arrives while it runs
    stops it at the next layer (the engine discards it; nothing was committed or sampled), because on a CPU one
    step of background decodes lasts as long as the voice prompt's own prefill. Never right after a step that
    held flex back (aborted, or deferred for a prefill), so flex still gets at least one step in three.
@@ -56,13 +53,11 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_tokens_per_step: int = 256, max_running: int = 32,
-                 flex_aging_steps: int = 64, flex_decode_cap: int | None = 4, flex_cap_hold_s: float = 10.0) -> None:
+                 flex_aging_steps: int = 64) -> None:
         self.blocks = blocks
         self.max_tokens_per_step = max_tokens_per_step
         self.max_running = max_running
         self.flex_aging_steps = flex_aging_steps
-        self.flex_decode_cap = flex_decode_cap
-        self.flex_cap_hold_s = flex_cap_hold_s
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.idle: OrderedDict[int, Session] = OrderedDict()  # sessions holding blocks, least recently used first
@@ -74,7 +69,6 @@ class Scheduler:
         self._flex_held_back = False  # the last step deferred or aborted flex work: the next is not abortable
         self.aborted_steps = 0
         self.decodes_scheduled = 0
-        self._interactive_seen: float | None = None  # when priority/default work was last waiting or running
 
     # -- queue ----------------------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -138,19 +132,9 @@ class Scheduler:
         self.preemptions_by_tier[req.tier] += 1
         plan.preempted.append(req)
 
-    # -- flex cap ---------------------------------------------------------------------------------------------------
-    def _flex_capped(self, now: float) -> bool:
-        return (self.flex_decode_cap is not None and self._interactive_seen is not None
-                and now - self._interactive_seen <= self.flex_cap_hold_s)
-
-    def _over_flex_cap(self, decodes: list[Request]) -> set[int]:
-        """Ids of the flex decodes beyond the cap: the least recently decoded ones run, so all take turns."""
-        flex = [r for r in decodes if r.rank == FLEX_RANK]  # least recently decoded first (see schedule())
-        return {r.id for r in flex[self.flex_decode_cap:]}
-
     # -- one step -------------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
-        """Plan the next step; ``now`` (monotonic seconds) times the flex cap's hold."""
+        """Plan the next step; ``now`` (monotonic seconds) ends the pauses that are due."""
         self.step_no += 1
         plan = StepPlan([], [], [])
         bm = self.blocks
@@ -167,10 +151,6 @@ class Scheduler:
         deferring = (best_prefill is not None and not self._deferred_last_step
                      and any(r.rank > best_prefill for r in decodes))
         deferred = {r.id for r in decodes if r.rank > best_prefill} if deferring else set()
-        if any(r.rank < FLEX_RANK for r in self.waiting + self.running):
-            self._interactive_seen = now
-        if self._flex_capped(now):
-            deferred |= self._over_flex_cap(decodes)
         decodes = [r for r in decodes if r.id not in deferred]
         self._deferred_last_step = deferring
         for req in decodes:
