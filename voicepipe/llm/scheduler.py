@@ -11,13 +11,13 @@ Each step:
 4. A paused request (``Generation.pause``, until its ``paused_until``) is left out of the steps.
 5. A step of ``flex`` work only is ``abortable``: a ``priority`` or ``default`` request that arrives while it runs
    stops it at the next layer (the engine discards it; nothing was committed or sampled), because on a CPU one
-   step of background decodes lasts as long as the voice prompt's own prefill. Never right after a step that
-   held flex back (aborted, or deferred for a prefill), so flex still gets at least one step in three.
+   step of background decodes lasts as long as the voice prompt's own prefill. Never when both of the last two
+   steps held the lower tiers back (aborted, or deferred for a prefill), so flex still gets one step in three.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from voicepipe.llm.blocks import BlockManager
@@ -66,7 +66,7 @@ class Scheduler:
         self.preemptions_by_tier: Counter[str] = Counter()
         self.unpins = 0
         self._deferred_last_step = False  # lower-tier decodes sat out the last step (see schedule())
-        self._flex_held_back = False  # the last step deferred or aborted flex work: the next is not abortable
+        self._held_back: deque[bool] = deque([False, False], maxlen=2)  # the last steps deferred or aborted flex
         self.aborted_steps = 0
         self.decodes_scheduled = 0
 
@@ -204,16 +204,16 @@ class Scheduler:
             plan.items.append(ScheduledItem(req, s.num_cached, chunk))
             scheduled.add(req.id)
             budget -= chunk
-        plan.abortable = (bool(plan.items) and not self._flex_held_back
+        plan.abortable = (bool(plan.items) and not all(self._held_back)
                           and all(it.request.rank == FLEX_RANK for it in plan.items))
-        self._flex_held_back = deferring
+        self._held_back.append(deferring)
         return plan
 
     def step_aborted(self) -> None:
         """The engine stopped the last planned (abortable) step: its tokens were neither committed nor sampled, and
         its requests are planned again from where they were."""
         self.aborted_steps += 1
-        self._flex_held_back = True
+        self._held_back[-1] = True
 
     def expired(self, now: float, timeout_s: float) -> list[Request]:
         """Waiting requests never admitted within ``timeout_s`` (the engine fails them as overloaded)."""
