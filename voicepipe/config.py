@@ -138,6 +138,9 @@ class CallSettings(Section):
                           "plain sentences that are easy to say out loud.")
     greeting: str | None = "Hello! How can I help you today?"  # None or "": the agent waits for the caller
     barge_in_min_speech_ms: int = Field(150, ge=0, le=5000)  # caller speech that interrupts the agent
+    # Caller speech while the agent talks holds the agent's audio at once (the VAD's speech start), before the
+    # barge-in decision; a noise shorter than barge_in_min_speech_ms lets it go on where it stopped.
+    hold_on_speech: bool = True
     # Start the reply at the VAD's speech end and hold its audio until the end-of-turn decision; dropped if the
     # caller resumes. Saves up to vad.end_of_turn_silence_ms per turn, at the cost of LLM work on false ends.
     preemptive_generation: bool = True

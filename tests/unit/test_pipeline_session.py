@@ -205,6 +205,8 @@ class FakeOutput:
         self.played = 0  # samples of the current generation the caller has heard
         self.playing = True
         self.clears = 0
+        self.held = False
+        self.holds: list[bool] = []
         self.events: list[tuple[str, dict]] = []
         self.ended_replies = 0
         self.call = None
@@ -232,6 +234,10 @@ class FakeOutput:
         self.clears += 1
         self.plays, self.played = [], 0
         return heard
+
+    def hold(self, on: bool) -> None:
+        self.held = on
+        self.holds.append(on)
 
     def event(self, kind: str, **data) -> None:
         self.events.append((kind, data))
@@ -354,10 +360,12 @@ def test_barge_in_clears_and_rolls_back_to_the_heard_words() -> None:
         # The caller has heard "Hello there" and half of "my" (marks or clock), then talks for 200 ms.
         h.output.played = len("Hello there m") * PER_CHAR
         h.push(20, h.ev("speech_start"))
+        assert h.output.held  # the agent's audio stops at the speech start
         h.push(100)
         assert h.output.clears == 0  # not yet: 120 ms < 150 ms
         h.push(60)
         assert h.output.clears == 1
+        assert h.output.holds == [True, False]  # released after the clear dropped it: the next reply plays
         assert h.call.state is CallState.LISTENING
         await h.settle(lambda: h.engine.rollbacks)
         assert h.engine.rollbacks == [2]  # the tokens of "Hello" and " there"
@@ -389,6 +397,7 @@ def test_a_short_noise_while_speaking_does_not_interrupt() -> None:
         cancelled, transcripts = h.stt.cancelled_turns, len(h.stt.futures)
         h.speak(60)
         assert h.output.clears == 0 and h.call.state is CallState.SPEAKING
+        assert h.output.holds == [True, False]  # held while the noise lasted, then the agent went on
         assert h.stt.cancelled_turns == cancelled + 1  # the noise's STT turn is dropped, not answered
         assert len(h.stt.futures) == transcripts
         await h.call.close()

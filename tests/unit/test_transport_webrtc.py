@@ -16,6 +16,10 @@ from fastapi.testclient import TestClient
 from voicepipe.config import load_settings
 from voicepipe.server import create_app
 from voicepipe.transports.client import WebRtcWire, endpoint_url
+from voicepipe.transports.gateway import Connection
+from voicepipe.transports.playback import PlaybackController
+from voicepipe.transports.serializers.base import ChunkPolicy
+from voicepipe.transports.serializers.native import NativeSerializer
 from voicepipe.transports.webrtc.client_link import offer_url
 from voicepipe.transports.webrtc.link import PeerLink
 from voicepipe.transports.webrtc.media import FedTrack, MonoInput, PacedTrack
@@ -63,6 +67,19 @@ def test_paced_track_clear_drops_queued_audio_and_marks() -> None:
     assert track.queued_samples == 0
     assert not run(track.recv()).to_ndarray().any()
     assert played == []
+
+
+def test_paced_track_hold_sends_silence_and_keeps_the_queue_and_its_marks() -> None:
+    played: list[str] = []
+    track = PacedTrack(played.append, rate=1000)
+    track.push_audio(np.ones(40, np.int16))
+    track.push_mark("m")
+    track.hold(True)
+    assert not run(track.recv()).to_ndarray().any()  # held: silence, and nothing heard
+    assert track.queued_samples == 40 and played == []
+    track.hold(False)
+    assert run(track.recv()).to_ndarray().all() and run(track.recv()).to_ndarray().all()
+    assert played == ["m"]  # the mark goes out with the held audio, once it really plays
 
 
 def test_stereo_and_float_frames_are_downmixed_to_mono_int16() -> None:
@@ -278,3 +295,46 @@ def test_peer_link_carries_a_call_over_a_real_peer_connection() -> None:
     assert r["shutdown"] == {"type": "stop", "reason": "shutdown"}
     assert r["end"] == {"type": "websocket.disconnect"} and r["state"] == "closed"
     assert any(np.abs(a).max() > 2000 for a in r["agent"]), "the agent audio did not reach the client"
+
+
+class RecordingLink:
+    """Stands in for a PeerLink: keeps what the Connection hands it, in order."""
+
+    def __init__(self) -> None:
+        self.log: list = []
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.log.append("audio")
+
+    async def send_text(self, text: str) -> None:
+        self.log.append(json.loads(text)["type"])
+
+    def hold_playout(self, on: bool) -> None:
+        self.log.append(("hold", on))
+
+
+def test_a_held_connection_sends_no_audio_and_its_link_gets_the_clear_before_the_release() -> None:
+    async def scenario() -> list:
+        link = RecordingLink()
+        ser = NativeSerializer()
+        ser.decode(json.dumps({"type": "start", "sample_rate": 8000}))
+        conn = Connection(link, "webrtc", ser, None, None, None)
+        conn.pb = PlaybackController(8000, ChunkPolicy.millis(8000, 20), max_lead_ms=200)
+        tasks = [asyncio.create_task(conn._writer()), asyncio.create_task(conn._pacer())]
+        conn.play(np.ones(320, np.int16), None)
+        await asyncio.sleep(0.05)
+        assert link.log == ["audio", "audio"]
+        conn.hold(True)
+        conn.play(np.ones(320, np.int16), None)
+        await asyncio.sleep(0.1)
+        assert link.log[2:] == [("hold", True)]  # nothing new went out while held
+        assert conn.is_playing()
+        conn.clear()
+        conn.hold(False)
+        conn.play(np.ones(160, np.int16), None)
+        await asyncio.sleep(0.05)
+        for task in tasks:
+            task.cancel()
+        return link.log[3:]
+
+    assert run(scenario()) == ["clear", ("hold", False), "audio"]

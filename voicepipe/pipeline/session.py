@@ -11,7 +11,8 @@ cancelled and its turn dropped from the LLM session; the STT turn goes on, so th
 Barge-in: caller speech of at least `barge_in_min_speech_ms` while the agent is THINKING or SPEAKING cancels
 the generation and the TTS, clears the transport's buffered audio, and rolls the LLM session back to the
 tokens whose words the caller heard (from the transport's playout cursor and the TTS word timings). Shorter
-noises while the agent talks are dropped.
+noises while the agent talks are dropped. With `hold_on_speech` the agent's audio is held from the VAD's
+speech start, so it stops before the barge-in decision; a noise lets it go on where it stopped.
 
 The transport side is an `AgentOutput` (see below); everything here runs on the event loop, models run on
 their own worker threads.
@@ -75,6 +76,10 @@ class AgentOutput(Protocol):
 
     def clear(self) -> list[Any]:
         """Drop all unplayed agent audio (and tell the provider); returns `heard()` as it was."""
+
+    def hold(self, on: bool) -> None:
+        """Stop sending agent audio (True) or go on where it stopped (False); the playout cursor stays right. A
+        transport that plays out locally (WebRTC) stops its queued audio too, after anything sent before."""
 
     def event(self, kind: str, **data: Any) -> None:
         """A call event for clients that show them (native protocol): transcript, agent_text, turn."""
@@ -189,6 +194,7 @@ class CallSession:
         self._vad_pos = 0  # 16 kHz samples pushed to the VAD
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)  # (vad_pos after a chunk, when)
         self._speech_start: int | None = None  # VAD sample of the open speech segment
+        self._holding = False  # the agent's audio is held for caller speech (`hold_on_speech`)
         self._next_timeline: dict[str, float] = {}  # the timeline of the caller turn being spoken
         self._speech_end: int | None = None
         self._stt_turn_active = False
@@ -293,6 +299,7 @@ class CallSession:
             elif ev.kind == "speech_end":
                 self._speech_end = ev.sample
                 self._speech_start = None
+                self._hold_output(False)  # a noise: the agent goes on
                 if self._stt_turn_active:
                     self._next_timeline["speech_end"] = self._sample_time(self._audible_end(ev.sample))
                     self._start_early_reply()
@@ -322,6 +329,9 @@ class CallSession:
         self._speech_start = sample
         self._speech_end = None
         self._last_activity = time.monotonic()
+        if self.cfg.hold_on_speech and self._reply is not None and self.state in (CallState.THINKING,
+                                                                                   CallState.SPEAKING):
+            self._hold_output(True)  # stop the agent's audio now; the barge-in decision comes a little later
         if self._early is not None:  # the caller goes on: the reply started at their pause is not wanted
             self._drop_early_reply()
         if self._stt_turn_active:
@@ -642,7 +652,14 @@ class CallSession:
         if reply.task is not None:
             reply.task.cancel()
         heard = self.output.clear()
+        self._hold_output(False)  # the clear dropped what was held; the next reply plays
         self._spawn(self._after_barge_in(reply, heard), "barge-in")
+
+    def _hold_output(self, on: bool) -> None:
+        if on != self._holding:
+            self._holding = on
+            self.output.hold(on)
+            self.note("hold" if on else "unhold")
 
     async def _after_barge_in(self, reply: _Reply, heard: list[Any]) -> None:
         played = _played_samples(heard, reply.turn)

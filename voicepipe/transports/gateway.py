@@ -142,6 +142,7 @@ class Connection:
         self._close_code: int | None = None
         self._close_reason = ""
         self._last_lead = 0.0
+        self._held = False  # AgentOutput.hold: no agent audio goes out
         self._released: dict[object, int] = {}  # turn -> end of its audio heard and released (this generation)
         self.clock = time.monotonic
 
@@ -311,14 +312,14 @@ class Connection:
                 return
             now = self.clock()
             self._release_heard(pb, now)
-            for chunk in pb.poll(now):
+            for chunk in [] if self._held else pb.poll(now):
                 frames = ser.encode_audio(chunk.audio)
                 if chunk.mark is not None:
                     frames += ser.encode_mark(chunk.mark)
                 self._send(frames)
                 if not self._dead:  # report the audio to the call once the writer has put it on the wire
                     self._out.put_nowait(functools.partial(self._report_sent, chunk))
-            due = pb.next_send_time(now)
+            due = None if self._held else pb.next_send_time(now)
             timeout = None if due is None else max(0.0, due - self.clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
@@ -353,7 +354,7 @@ class Connection:
         if pb is None or self._dead:
             return False
         now = self.clock()
-        if pb.lead(now) > 0:
+        if pb.lead(now) > 0 or self._held:
             self._last_lead = now
         # A provider that never echoes the last marks must not hold the call in SPEAKING forever.
         return pb.is_playing(now) and (pb.lead(now) > 0 or now - self._last_lead < 1.0)
@@ -374,6 +375,17 @@ class Connection:
             self.call.note("clear")
         self._wake.set()
         return released + result.heard
+
+    def hold(self, on: bool) -> None:
+        if on == self._held:
+            return
+        self._held = on
+        # A link that plays out locally (WebRTC's track) holds its queue too, in order with the frames
+        # already written (a clear before a release must reach it first).
+        hold_playout = getattr(self.ws, "hold_playout", None)
+        if hold_playout is not None:
+            self._out.put_nowait(functools.partial(hold_playout, on))
+        self._wake.set()
 
     def event(self, kind: str, **data: Any) -> None:
         ser = self.ser

@@ -156,6 +156,9 @@ class PeerLink:
             raise ConnectionError("closed")
         self.track.push_audio(np.frombuffer(data, dtype="<i2").astype(np.int16))
 
+    def hold_playout(self, on: bool) -> None:
+        self.track.hold(on)
+
     async def send_text(self, text: str) -> None:
         if self.closed:
             raise ConnectionError("closed")

@@ -75,7 +75,7 @@ async def drain(track: MediaStreamTrack, sink: Callable[[np.ndarray], None] | No
 
 
 class PacedTrack(MediaStreamTrack):
-    """The agent's voice: 20 ms frames at real time, silence when idle, marks echoed as frames go out."""
+    """The agent's voice: 20 ms frames at real time, silence when idle or held, marks echoed as frames go out."""
 
     kind = "audio"
 
@@ -88,6 +88,7 @@ class PacedTrack(MediaStreamTrack):
         self._offset = 0  # samples of the head piece already sent
         self._start: float | None = None
         self._sent = 0  # frames returned
+        self.held = False  # silence goes out; the queue waits
         self.clock = time.monotonic
 
     def push_audio(self, pcm: np.ndarray) -> None:
@@ -100,6 +101,9 @@ class PacedTrack(MediaStreamTrack):
     def clear(self) -> None:
         self._items.clear()
         self._offset = 0
+
+    def hold(self, on: bool) -> None:
+        self.held = on
 
     @property
     def queued_samples(self) -> int:
@@ -128,7 +132,7 @@ class PacedTrack(MediaStreamTrack):
         filled = 0
         marks: list[str] = []
         items = self._items
-        while items:
+        while items and not self.held:
             head = items[0]
             if isinstance(head, str):
                 marks.append(items.popleft())
