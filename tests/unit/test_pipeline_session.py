@@ -433,6 +433,28 @@ def test_speech_while_thinking_cancels_the_thinking() -> None:
     run(main())
 
 
+def test_words_cut_off_while_thinking_are_answered_even_when_the_next_turn_hears_nothing() -> None:
+    async def main():
+        h = Harness(texts=[""])  # the second turn is a cough: its transcript is empty
+        await h.call.start()
+        h.stt.hold = True
+        h.speak(300)
+        h.push(20, h.ev("speech_start"))
+        h.push(200)  # the caller talks on while the agent thinks: the thinking is cancelled
+        assert h.call.state is CallState.LISTENING
+        h.stt.hold = False
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        await asyncio.sleep(0.05)
+        assert h.engine.calls == []  # the first turn's words are not in yet
+        h.stt.futures[0].set_result(SimpleNamespace(text="book a table"))  # they arrive late
+        await h.settle(lambda: h.engine.calls)
+        assert h.engine.calls[0] == [{"role": "user", "content": "book a table"}]
+        await h.call.close()
+
+    run(main())
+
+
 def test_barge_in_mid_generation_waits_for_the_engine_then_rolls_back() -> None:
     async def main():
         h = Harness()

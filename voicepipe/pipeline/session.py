@@ -527,8 +527,10 @@ class CallSession:
                 self.note("stt_final", turn=reply.turn, text=text)
                 self._emit_for(reply, "transcript", {"text": text, "final": True, "turn": reply.turn})
                 if not text:
-                    reply.stream.cancel()
-                    return
+                    await self._chores_done()  # a barge-in's late transcript may still be on its way
+                    if not self._unanswered:
+                        reply.stream.cancel()
+                        return
                 await self._generate(reply, record, text)
             self.output.end_of_reply()
             while self.output.is_playing():
@@ -545,6 +547,11 @@ class CallSession:
         finally:
             self._reply_done(reply)
 
+    async def _chores_done(self) -> None:
+        chores = [t for t in self._tasks if not t.done()]
+        if chores:
+            await asyncio.wait(chores)
+
     def _reply_done(self, reply: _Reply) -> None:
         if self._reply is reply:
             self._reply = None
@@ -554,16 +561,14 @@ class CallSession:
                 self._last_activity = time.monotonic()
 
     async def _generate(self, reply: _Reply, record: TurnRecord, text: str) -> None:
-        chores = [t for t in self._tasks if not t.done()]
-        if chores:  # a barge-in's rollback or a dropped early reply still changes the LLM session: it goes first
-            await asyncio.wait(chores)
+        await self._chores_done()  # a barge-in's rollback or a dropped early reply changes the LLM session first
         reply.consumed = (self._pending_assistant, self._unanswered)
         messages = []
         if self._pending_assistant:
             messages.append({"role": "assistant", "content": self._pending_assistant})
             self._pending_assistant = None
         if self._unanswered:
-            text, self._unanswered = f"{self._unanswered} {text}", None
+            text, self._unanswered = f"{self._unanswered} {text}".strip(), None
         messages.append({"role": "user", "content": text})
         engine = self.res.engine
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
