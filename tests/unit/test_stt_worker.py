@@ -20,6 +20,7 @@ class FakeDecoder:
         self.gate = threading.Event()
         self.gate.set()
         self.delay = 0.0
+        self.empty = False  # decode to no words (as a model may for a slice of a turn)
 
     def context_tokens(self, initial_prompt, hotwords) -> list[int]:
         return [1] if initial_prompt or hotwords else []
@@ -34,7 +35,7 @@ class FakeDecoder:
         for audio in audios:
             n = len(audio) // 1600
             self.calls.append(("batch" if len(audios) > 1 else "one", len(audio)))
-            tokens = list(range(n))
+            tokens = [] if self.empty else list(range(n))
             out.append(DecodeResult(tokens, " ".join(f"w{i}" for i in tokens), 0.0, 0.0, len(audio)))
         return out
 
@@ -161,6 +162,21 @@ def test_final_reuses_the_last_partial_when_only_silence_is_missing() -> None:
     final = other.finish(end_sample=17600).result(timeout=5)
     stt.close()
     assert not final.reused and final.text == " ".join(f"w{i}" for i in range(11))
+
+
+def test_final_does_not_reuse_a_partial_that_heard_no_words() -> None:
+    stt, fake = make(partial_interval_ms=500)
+    fake.empty = True
+    stream = stt.open_stream(16000)
+    stream.push(loud(1.0))
+    deadline = time.monotonic() + 5
+    while stt.stats.partials_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fake.empty = False
+    stream.push(np.zeros(1600, np.float32))  # only silence after the empty partial
+    final = stream.finish(end_sample=16000 + 800).result(timeout=5)
+    stt.close()
+    assert not final.reused and final.text == " ".join(f"w{i}" for i in range(10))
 
 
 def test_covered_final_does_not_wait_behind_the_worker() -> None:

@@ -341,7 +341,9 @@ class Transcriber:
     @staticmethod
     def _reusable(turn: _Turn, end: int) -> DecodeResult | None:
         last = turn.last
-        if last is not None and end > 0 and (
+        # An empty decode of a turn with speech in it is a miss (too little audio yet, or the model gave up):
+        # the final decodes afresh rather than answer the caller's words with nothing.
+        if last is not None and end > 0 and last.text.strip() and (
                 last.samples >= end or _silent_tail(turn.buffer[: turn.n], last.samples, end)):
             return last
         return None
