@@ -88,7 +88,7 @@ class PacedTrack(MediaStreamTrack):
         self._offset = 0  # samples of the head piece already sent
         self._start: float | None = None
         self._sent = 0  # frames returned
-        self.held = False  # silence goes out; the queue waits
+        self._held = False  # silence goes out; the queue waits
         self.clock = time.monotonic
 
     def push_audio(self, pcm: np.ndarray) -> None:
@@ -103,7 +103,7 @@ class PacedTrack(MediaStreamTrack):
         self._offset = 0
 
     def hold(self, on: bool) -> None:
-        self.held = on
+        self._held = on
 
     @property
     def queued_samples(self) -> int:
@@ -132,7 +132,7 @@ class PacedTrack(MediaStreamTrack):
         filled = 0
         marks: list[str] = []
         items = self._items
-        while items and not self.held:
+        while items and not self._held:
             head = items[0]
             if isinstance(head, str):
                 marks.append(items.popleft())
