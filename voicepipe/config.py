@@ -121,6 +121,9 @@ class LLMSettings(Section):
     admission_timeout_s: float = Field(30.0, gt=0.0)  # waiting longer than this: "overloaded" error
     flex_aging_steps: int = Field(64, ge=1)  # a flex request waiting this many steps ranks as priority
     default_max_tokens: int = Field(256, ge=0)
+    # CPU float32: pack the linear weights for oneDNN once, so that prefill matmuls stop repacking them on every
+    # step (faster prefill; the packed copies cost those weights' memory once more)
+    prepack_linears: bool = True
 
 
 class IceServer(Section):

@@ -41,6 +41,7 @@ from voicepipe.llm.errors import (
     SessionBusyError,
     SessionClosedError,
 )
+from voicepipe.llm.prepack import prepack_linears
 from voicepipe.llm.request import TIER_RANK, Request, RequestStats, State, tier_rank
 from voicepipe.llm.runner import ModelRunner, ModelShape
 from voicepipe.llm.sampling import SamplingParams, make_generator, sample
@@ -191,8 +192,10 @@ class LLMEngine:
         self.settings = settings or LLMSettings()
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
-        device = str(next(model.parameters()).device)
         s = self.settings
+        if s.prepack_linears:
+            prepack_linears(model)
+        device = str(next(model.parameters()).device)
         shape = ModelShape.of(model)
         dtype = next(model.parameters()).dtype
         per_token = PagedKVCache.bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
