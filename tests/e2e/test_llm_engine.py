@@ -155,15 +155,17 @@ async def test_dropping_a_cancelled_early_turn_restores_the_session(engine, refe
     """A call's early reply, cancelled and dropped: the session is exactly as before that turn began."""
     session = engine.open_session(SYSTEM)
     await run(engine.generate(session, [{"role": "user", "content": "When do you open?"}], max_tokens=8))
-    ids, messages = list(session.ids), engine.history(session)
+    ids, messages, turns = list(session.ids), engine.history(session), session.requests
     keep = len(session.marks)
     early = engine.generate(session, [{"role": "user", "content": "I would like"}], max_tokens=N, ignore_eos=True)
     async for _ in early:
         early.cancel()  # the caller went on after the first token
     while session.busy:
         await asyncio.sleep(0.01)
+    assert session.requests == turns + 1
     engine.drop_turns(session, keep)
     assert session.ids == ids and engine.history(session) == messages
+    assert session.requests == turns  # the next reply is labelled with the turn number the dropped one had
     gen = engine.generate(session, [{"role": "user", "content": "I would like a cake."}], max_tokens=N)
     await run(gen)
     prompt = session.ids[:gen.stats.prompt_tokens]

@@ -166,9 +166,10 @@ def test_metrics_moved_by_what_the_call_did(called) -> None:
     replies = sum(moved("voicepipe_llm_requests_total", **call, reason=r) for r in ("stop", "length"))
     dropped = moved("voicepipe_llm_requests_total", **call, reason="cancelled")
     assert replies == 3
+    # A dropped reply gives its turn number back, so each reply keeps the label of its own turn.
     first, later = (moved("voicepipe_llm_ttft_seconds_count", **call, turn=t) for t in ("1", "2-5"))
-    assert replies <= first + later <= replies + dropped, (first, later, dropped)
-    if not dropped:  # a dropped reply counts in the session's turns, so it moves the later replies' turn label
+    assert first >= 1 and later >= 2 and first + later <= replies + dropped, (first, later, dropped)
+    if not dropped:
         assert (first, later) == (1, 2)
     gaps = moved("voicepipe_llm_itl_seconds_count", **call) - sum(t["output_tokens"] - 1 for t in turns)
     assert gaps >= 0 and (gaps == 0 or dropped > 0), (gaps, dropped)

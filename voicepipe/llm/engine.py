@@ -257,9 +257,9 @@ class LLMEngine:
 
     def add_request_listener(self, listener: Callable[[Request], None]) -> None:
         """Call ``listener(request)`` once for every request as it ends (finished, cancelled or failed), with its
-        ``tier``, ``finish_reason``, ``stats`` and ``session`` (``session.requests`` is its turn count). It runs on
-        the engine thread under the engine's lock: it must be quick and must not call the engine. An exception
-        in it is logged and ignored."""
+        ``tier``, ``finish_reason``, ``stats`` and ``session`` (``session.requests`` is its turn number; a turn
+        dropped later gives its number back). It runs on the engine thread under the engine's lock: it must be
+        quick and must not call the engine. An exception in it is logged and ignored."""
         self._request_listeners.append(listener)
 
     # -- sessions -------------------------------------------------------------------------------------------------
@@ -309,7 +309,9 @@ class LLMEngine:
         session.truncate_kv(self.blocks, mark.n_ids)
         session.messages = session.messages[:mark.n_messages]
         session.text = session.text[:mark.text_len]
-        session.marks = session.marks[:session.marks.index(mark)]
+        kept = session.marks.index(mark)
+        session.requests -= len(session.marks) - kept  # one request per turn: the next turn gets its number back
+        session.marks = session.marks[:kept]
         session.reply_start = None
         if not session.block_table:
             self.scheduler.forget_session(session)

@@ -47,7 +47,7 @@ class Session:
     closed: bool = False
     ephemeral: bool = False  # a sessionless request's own session: closed when the request ends
     compactions: int = 0
-    requests: int = 0  # generations started on this session: its turn count (the metrics label TTFT with it)
+    requests: int = 0  # the turns' generations, less those rolled back: the turn count (labels TTFT in metrics)
     system_prompt: str | None = None  # rendered as the first message of the first turn
 
     def __len__(self) -> int:
