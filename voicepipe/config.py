@@ -105,6 +105,7 @@ class TTSSettings(Section):
     frame_ms: int = Field(20, ge=5, le=200)
     length_scale: float | None = Field(None, gt=0.1, le=5.0)  # speaking rate (None: the voice's)
     max_queued_s: float = Field(120.0, gt=0.0, le=3600.0)  # audio buffered ahead of playout per stream
+    cpu_threads: int = Field(0, ge=0, le=256)  # Piper's onnxruntime threads; 0: onnxruntime's default
 
 
 class LLMSettings(Section):

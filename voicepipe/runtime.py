@@ -57,7 +57,8 @@ class Runtime:
         paths = self.model_paths()
         self.vad = self._timed("vad", load_silero, paths["vad"])
         self.stt = self._timed("stt", load_whisper, paths["stt"], *stt_placement(self.settings))
-        self.tts = self._timed("tts", load_aligned_voice, paths["tts"], device == "cuda")
+        self.tts = self._timed("tts", load_aligned_voice, paths["tts"], device == "cuda",
+                               self.settings.tts.cpu_threads)
         self.silero = SileroVAD(self.vad)
         self.transcriber = Transcriber(self.stt, self.settings.stt)
         self.synthesizer = Synthesizer(self.tts, self.settings.tts)

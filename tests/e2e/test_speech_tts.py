@@ -154,3 +154,15 @@ def test_a_slow_reader_holds_synthesis_back_without_losing_audio(synthesizer: Sy
         frames = list(stream.frames(timeout=30))
         assert frames[-1].last and len(stream.cursor.origins) == 3
         assert len(frames) * 320 >= stream.cursor.total_samples - 320  # nothing was dropped
+
+
+def test_the_voice_session_sleeps_when_idle_and_takes_the_configured_threads(settings) -> None:
+    """Spinning onnxruntime threads would take the CPU from the LLM and the STT between clauses."""
+    from voicepipe.models import resolve_model
+    from voicepipe.tts import load_aligned_voice
+
+    voice = load_aligned_voice(resolve_model(settings.models.tts, "tts", settings.paths.models_dir), cpu_threads=1)
+    options = voice.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.intra_op_num_threads == 1
+    assert len(voice.session.get_outputs()) == 2  # the audio and the patched-in phoneme alignments

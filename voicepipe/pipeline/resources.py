@@ -92,8 +92,9 @@ def _synthesizer(runtime):
     path = runtime.model_paths()["tts"]
     from voicepipe.devices import resolve_device
 
-    synthesizer = Synthesizer(load_aligned_voice(path, resolve_device(runtime.settings.device) == "cuda"),
-                              runtime.settings.tts)
+    tts = runtime.settings.tts
+    synthesizer = Synthesizer(load_aligned_voice(path, resolve_device(runtime.settings.device) == "cuda",
+                                                 tts.cpu_threads), tts)
     runtime.synthesizer = synthesizer
     return synthesizer
 

@@ -25,6 +25,7 @@ from voicepipe.config import TTSSettings
 from voicepipe.tts.alignment import speech_phonemes, word_spans
 from voicepipe.tts.chunker import TextChunk, TextChunker
 from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
+from voicepipe.tts.voice import load_aligned_voice
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class Synthesizer:
 
     @classmethod
     def load(cls, path: Path, settings: TTSSettings | None = None, use_cuda: bool = False) -> Synthesizer:
-        return cls(load_aligned_voice(path, use_cuda), settings)
+        settings = settings or TTSSettings()
+        return cls(load_aligned_voice(path, use_cuda, settings.cpu_threads), settings)
 
     def open_stream(self, sample_rate: int | None = None, turn: int | None = None) -> SpeechStream:
         rate = self.settings.output_sample_rate if sample_rate is None else sample_rate
@@ -310,12 +312,3 @@ class SpeechStream:
             self.error = exc
             self.done = True
             self._cond.notify_all()
-
-
-def load_aligned_voice(path: Path, use_cuda: bool = False):
-    """Load the Piper voice with its phoneme alignment output patched in (needs the onnx package)."""
-    from piper import PiperVoice
-
-    from voicepipe.tts.voice import find_voice_file
-
-    return PiperVoice.load(find_voice_file(path), use_cuda=use_cuda, include_alignments=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 from voicepipe.errors import ModelError
@@ -20,3 +22,27 @@ def load_voice(path: Path, use_cuda: bool = False):
     from piper import PiperVoice
 
     return PiperVoice.load(find_voice_file(path), use_cuda=use_cuda)
+
+
+def load_aligned_voice(path: Path, use_cuda: bool = False, cpu_threads: int = 0):
+    """The Piper voice with its phoneme alignment output patched in (needs the onnx package), on a session whose
+    idle threads sleep instead of spinning: synthesis shares the CPU with the LLM engine and the STT, and spinning
+    threads take cycles from them while they wait. ``cpu_threads`` 0 leaves the thread count to onnxruntime."""
+    import onnx
+    import onnxruntime
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+    from piper.patch_voice_with_alignment import add_alignment_output
+
+    voice_file = find_voice_file(path)
+    config = PiperConfig.from_dict(json.loads(Path(f"{voice_file}.json").read_text(encoding="utf-8")))
+    model = onnx.load(str(voice_file))
+    with contextlib.suppress(ValueError):  # already patched on disk
+        add_alignment_output(model)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = cpu_threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})] if use_cuda \
+        else ["CPUExecutionProvider"]
+    session = onnxruntime.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
+    return PiperVoice(session=session, config=config)
