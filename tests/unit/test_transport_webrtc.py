@@ -246,7 +246,9 @@ async def link_scenario() -> dict:
     while len(audio) < 48000 * 2 // 2:  # half a second of caller audio
         message = await asyncio.wait_for(link.receive(), 10)
         audio += message.get("bytes") or b""
-    await link.send_bytes((np.ones(960 * 5, np.int16) * 3000).astype("<i2").tobytes())
+    # 100 ms of a 440 Hz tone (not a constant: Opus filters DC out, so only its onset would come through)
+    tone = 6000 * np.sin(2 * np.pi * 440 * np.arange(960 * 5) / 48000)
+    await link.send_bytes(tone.astype("<i2").tobytes())
     await link.send_text(json.dumps({"type": "mark", "name": "vp:0:0"}))
     await link.send_text(json.dumps({"type": "transcript", "role": "user", "text": "hello", "final": True,
                                      "turn": 1}))
@@ -255,6 +257,11 @@ async def link_scenario() -> dict:
         message = await asyncio.wait_for(link.receive(), 10)
         if "text" in message:
             marks.append(json.loads(message["text"]))
+    # The mark echoes once the audio left the server; the client's receiver hands it on a few frames later (its
+    # jitter buffer), later still on a loaded machine. Wait for it, within a bound, before hanging up.
+    deadline = asyncio.get_running_loop().time() + 10
+    while not any(np.abs(a).max() > 2000 for a in agent_audio) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
     while not got_text:
         await asyncio.sleep(0.05)
     channel.send(json.dumps({"type": "mark", "name": "forged"}))  # ignored: only a stop gets through
