@@ -100,7 +100,7 @@ class TTSSettings(Section):
     max_clause_chars: int = Field(200, ge=20, le=5000)  # forced cut at a word boundary past this
     # >0: a reply's first chunk is cut after this many words, so the caller hears it sooner (at some cost to that
     # chunk's prosody); 0: the first chunk is the whole first clause.
-    first_chunk_words: int = Field(3, ge=0, le=50)
+    first_chunk_words: int = Field(4, ge=0, le=50)
     output_sample_rate: int = Field(16000, ge=8000, le=48000)
     frame_ms: int = Field(20, ge=5, le=200)
     length_scale: float | None = Field(None, gt=0.1, le=5.0)  # speaking rate (None: the voice's)
