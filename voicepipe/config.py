@@ -125,6 +125,8 @@ class LLMSettings(Section):
     # CPU float32: pack the linear weights for oneDNN once, so that prefill matmuls stop repacking them on every
     # step (faster prefill; the packed copies cost those weights' memory once more)
     prepack_linears: bool = True
+    # after a reply, prefill the chat template's opener of the next user turn while the session is idle
+    warm_next_turn: bool = True
 
 
 class IceServer(Section):

@@ -102,7 +102,7 @@ async def test_five_turn_session_hits_cache_and_matches_generate(engine, referen
             assert gen.stats.cached_prompt_tokens >= held - 1
             assert gen.stats.cached_prompt_tokens / gen.stats.prompt_tokens > 0.7
         assert gen.token_ids == greedy_reference(reference, prompt), f"turn {turn}"
-        held = len(session.ids)
+        held = session.reply_end  # the conversation, without the next turn's opener (which may be warming)
     engine.close_session(session)
 
 
@@ -138,8 +138,8 @@ async def test_truncate_then_one_more_turn_matches_generate(engine, reference):
     assert len(gen.token_ids) == N
     start = gen.stats.prompt_tokens
     engine.rollback_reply(session, 5)  # the caller heard 5 tokens, then barged in
-    assert session.ids == session.ids[:start] + gen.token_ids[:5]
-    assert len(session.ids) == start + 5
+    assert session.reply_end == start + 5
+    assert session.ids[start:start + 5] == gen.token_ids[:5]
     gen2 = engine.generate(session, [{"role": "user", "content": "Sorry, how much is the sourdough?"}],
                            max_tokens=N)
     await run(gen2)
@@ -171,6 +171,72 @@ async def test_dropping_a_cancelled_early_turn_restores_the_session(engine, refe
     prompt = session.ids[:gen.stats.prompt_tokens]
     assert prompt[:len(ids)] == ids and gen.stats.cached_prompt_tokens >= len(ids) - engine.blocks.block_size
     assert gen.token_ids == greedy_reference(reference, prompt)
+    engine.close_session(session)
+
+
+async def until_warm(session, timeout_s: float = 10.0) -> None:
+    """Wait, bounded, until the engine has prefilled everything the idle session holds."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while session.pending and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+
+
+async def test_an_idle_session_prefills_the_next_turns_opener(engine, reference):
+    """After a reply the engine prefills what any next user turn starts with; that turn then only computes the
+    user's words and the assistant prompt, and its reply is still exactly greedy decoding's."""
+    tok = reference[1]
+    session = engine.open_session(SYSTEM)
+    first = engine.generate(session, [{"role": "user", "content": "When do you open?"}], max_tokens=N,
+                            ignore_eos=True)
+    await run(first)
+    reply_end = first.stats.prompt_tokens + N
+    assert session.warm_start == session.reply_end == reply_end
+    assert tok.decode(session.ids[reply_end:]) == "<|im_end|>\n<|im_start|>user\n"
+    before = engine.stats()
+    await until_warm(session)
+    assert session.pending == 0  # the reply's last token and the opener have their K/V, computed while idle
+    held = len(session.ids)
+
+    gen = engine.generate(session, [{"role": "user", "content": "And on Sunday?"}], max_tokens=N)
+    await run(gen)
+    prompt = session.ids[:gen.stats.prompt_tokens]
+    assert prompt == tok(session.text, add_special_tokens=False)["input_ids"]
+    assert gen.stats.cached_prompt_tokens == held  # only "And on Sunday?<|im_end|>..." was left to prefill
+    assert gen.token_ids == greedy_reference(reference, prompt)
+    after = engine.stats()
+    assert after["openers_kept"] == before["openers_kept"] + 1
+    assert after["warmed_tokens"] >= before["warmed_tokens"] + held - reply_end + 1
+    engine.close_session(session)
+
+
+async def test_a_turn_that_does_not_start_with_the_opener_cuts_it_off(engine, reference):
+    """A next turn that opens with another role (a system note) renders differently: the warmed opener is dropped,
+    and the reply is still exactly greedy decoding's over the real conversation."""
+    tok = reference[1]
+    session = engine.open_session(SYSTEM)
+    await run(engine.generate(session, [{"role": "user", "content": "Hello there."}], max_tokens=N))
+    await until_warm(session)
+    reply_end = session.reply_end
+    missed = engine.stats()["openers_missed"]
+    gen = engine.generate(session, [{"role": "system", "content": "The caller is in a hurry."},
+                                    {"role": "user", "content": "Do you sell rye?"}], max_tokens=N)
+    await run(gen)
+    prompt = session.ids[:gen.stats.prompt_tokens]
+    assert prompt == tok(session.text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(prompt[reply_end:]).startswith("\n<|im_start|>system\n")
+    assert engine.stats()["openers_missed"] == missed + 1
+    assert gen.token_ids == greedy_reference(reference, prompt)
+    engine.close_session(session)
+
+
+async def test_turns_sent_while_the_opener_is_warming_match_generate(engine, reference):
+    """The next turn arrives at once, racing the warming step: whichever wins, the reply is greedy decoding's."""
+    session = engine.open_session(SYSTEM)
+    for q in ("Hi.", "Is the bread fresh?", "Great, thanks."):
+        gen = engine.generate(session, [{"role": "user", "content": q}], max_tokens=4, ignore_eos=True)
+        await run(gen)
+        prompt = session.ids[:gen.stats.prompt_tokens]
+        assert gen.token_ids == greedy_reference(reference, prompt, 4), q
     engine.close_session(session)
 
 

@@ -149,7 +149,7 @@ async def test_stop_string_cuts_text_and_history(engine):
     assert cut == text[:text.index(stop)] and gen.finish_reason == "stop"
     assert len(gen.request.output_ids) < 16
     # the session keeps only the tokens up to the stop string
-    assert session.ids[gen.stats.prompt_tokens:] == gen.request.output_ids
+    assert session.ids[gen.stats.prompt_tokens:session.reply_end] == gen.request.output_ids
     engine.close_session(session)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from voicepipe.llm.blocks import BlockManager
-from voicepipe.llm.request import Request, State
+from voicepipe.llm.request import TIER_RANK, Request, State
 from voicepipe.llm.sampling import SamplingParams
 from voicepipe.llm.scheduler import Scheduler
 from voicepipe.llm.session import Session
@@ -21,7 +21,7 @@ def run_step(sched: Scheduler, now: float = 0.0):
     plan = sched.schedule(now)
     for item in plan.items:
         req = item.request
-        req.session.commit(sched.blocks, item.n_tokens)
+        item.session.commit(sched.blocks, item.n_tokens)
         if item.samples:
             req.session.ids.append(7)
             req.output_ids.append(7)
@@ -240,3 +240,48 @@ def test_flex_only_steps_are_abortable_but_flex_keeps_one_step_in_three():
     again = run_step(sched)
     assert {it.request for it in again.items} == set(flex)  # the aborted decodes are planned again
     assert not again.abortable  # two steps in a row made no flex progress: this one must not be lost
+
+
+def finished_session(sched: Scheduler, n_prompt: int, opener: list[int], base: int) -> Session:
+    """A session whose reply ended (its last sampled token is pending) and that now holds the next turn's opener."""
+    req = make_request(n_prompt, max_tokens=1, base=base)
+    sched.add(req)
+    while req.state is not State.FINISHED:
+        run_step(sched)
+    req.session.ids += opener
+    sched.session_idle(req.session)
+    return req.session
+
+
+def test_idle_sessions_warm_with_the_budget_left_and_never_sample():
+    sched = Scheduler(BlockManager(16, BS), max_tokens_per_step=8, max_running=8)
+    idle = finished_session(sched, 4, [50, 51, 52], base=100)
+    assert idle.pending == 4
+    voice = make_request(6, "priority", max_tokens=10, base=200)
+    sched.add(voice)
+    plan = run_step(sched)
+    assert [(it.request, it.n_tokens) for it in plan.items] == [(voice, 6), (None, 2)]  # the prompt first
+    warm = plan.items[1]
+    assert warm.session is idle and warm.start == 4 and not warm.samples and warm.rank == TIER_RANK["flex"]
+    assert warm.token_ids == [7, 50] and warm.edits == idle.edits
+    plan = run_step(sched)
+    assert [(it.request, it.n_tokens) for it in plan.items] == [(voice, 1), (None, 2)]
+    assert idle.pending == 0
+    assert all(it.request is voice for it in run_step(sched).items) and not sched.warming
+
+
+def test_warming_waits_for_queued_requests_and_never_takes_blocks_from_others():
+    bm = BlockManager(3, BS)
+    sched = Scheduler(bm, max_tokens_per_step=64, max_running=1)
+    idle = finished_session(sched, 4, [50, 51, 52, 53, 54], base=100)  # holds 1 block, needs 2 more to warm
+    running = make_request(3, max_tokens=50, base=200)
+    queued = make_request(3, max_tokens=5, base=300)
+    sched.add(running)
+    sched.add(queued)  # max_running=1: it waits
+    plan = run_step(sched)
+    assert [it.request for it in plan.items] == [running]  # a request waits: no warming
+    sched.remove(queued)
+    plan = run_step(sched)
+    # one block is free, warming needs two: it is given up rather than unpinning or preempting anyone
+    assert [it.request for it in plan.items] == [running] and not plan.unpinned and not plan.preempted
+    assert not sched.warming and idle.block_table and idle.pending == 6

@@ -13,13 +13,16 @@ Usage::
 
 Threading: the engine thread owns the model. Every change to sessions, the scheduler and the block manager
 happens under ``self._lock``; the model forward runs outside it, on sessions that are busy (which no API call
-mutates). Results reach asyncio through ``loop.call_soon_threadsafe``; detokenization runs on the caller's side.
+mutates) and on what a warming step copied of idle sessions (an API call that cuts one bumps its ``edits``, and
+the step's work on it is then thrown away). Results reach asyncio through ``loop.call_soon_threadsafe``;
+detokenization runs on the caller's side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -204,7 +207,8 @@ class LLMEngine:
         num_blocks = max(2, pool_bytes // (per_token * s.block_size))
         self.blocks = BlockManager(num_blocks, s.block_size)
         self.runner = ModelRunner(model, num_blocks, s.block_size)
-        self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps)
+        self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps,
+                                   warm_idle=s.warm_next_turn)
         self.capacity_tokens = num_blocks * s.block_size
         self.max_context = min(shape.max_context, self.capacity_tokens)
         self.context_budget = min(s.context_tokens or shape.max_context, self.max_context)
@@ -219,7 +223,7 @@ class LLMEngine:
         self._step_abortable = False  # the running step is flex work only (see Scheduler.step_aborted)
         self.counters = {"requests": 0, "finished": 0, "cancelled": 0, "errors": 0, "overloaded": 0,
                          "compactions": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
-                         "steps": 0, "max_batch": 0}
+                         "steps": 0, "max_batch": 0, "warmed_tokens": 0, "openers_kept": 0, "openers_missed": 0}
         self.crashed: BaseException | None = None
         self._request_listeners: list[Callable[[Request], None]] = []
 
@@ -291,11 +295,13 @@ class LLMEngine:
         start of an earlier turn (``session.marks``). Blocks past the cut are released."""
         with self._lock:
             self._check_idle(session)
-            if not 0 <= n_tokens <= len(session.ids):
-                raise InvalidRequestError(f"cannot truncate to {n_tokens} tokens: the session holds "
-                                          f"{len(session.ids)}.", "pass a count between 0 and len(session).")
+            held = session.reply_end
+            if not 0 <= n_tokens <= held:
+                raise InvalidRequestError(f"cannot truncate to {n_tokens} tokens: the session holds {held}.",
+                                          "pass a count between 0 and session.reply_end.")
             if session.reply_start is not None and n_tokens >= session.reply_start:
                 session.truncate_kv(self.blocks, n_tokens)
+                self._warm_next_turn(session)
                 return
             marks = [m for m in session.marks if m.n_ids == n_tokens]
             if not marks:
@@ -304,6 +310,7 @@ class LLMEngine:
                     f"(from {session.reply_start}) nor the start of a turn.",
                     "cut inside the last reply, or at one of session.marks.")
             self._restore_mark(session, marks[-1])
+            self._warm_next_turn(session)
 
     def _restore_mark(self, session: Session, mark: TurnMark) -> None:
         session.truncate_kv(self.blocks, mark.n_ids)
@@ -323,24 +330,21 @@ class LLMEngine:
             self._check_idle(session)
             if 0 <= keep < len(session.marks):
                 self._restore_mark(session, session.marks[keep])
+                self._warm_next_turn(session)
 
     def rollback_reply(self, session: Session, heard_tokens: int) -> None:
         """Barge-in: keep only the first ``heard_tokens`` tokens of the last reply."""
         if session.reply_start is None:
             raise InvalidRequestError("the session has no reply to roll back.", "call it after a generation.")
-        self.truncate(session, min(len(session.ids), session.reply_start + max(0, heard_tokens)))
+        self.truncate(session, min(session.reply_end, session.reply_start + max(0, heard_tokens)))
 
     def history(self, session: Session) -> list[dict[str, str]]:
         """The conversation as messages, including the last reply (which ``session.messages`` only gets when the
         next turn starts, so that a barge-in rollback can still cut it)."""
         with self._lock:
-            messages = list(session.messages)
-            if session.reply_start is not None and not session.busy:
-                reply = session.ids[session.reply_start:]
-                content = reply[:-1] if reply and reply[-1] in self.model_stop_ids else reply
-                messages.append({"role": "assistant",
-                                 "content": self.tokenizer.decode(content, skip_special_tokens=False)})
-            return messages
+            if session.busy:
+                return list(session.messages)
+            return self._settled(session)[0]
 
     def _check_idle(self, session: Session) -> None:
         if session.closed:
@@ -439,25 +443,64 @@ class LLMEngine:
                 self._lock.notify_all()
         return Generation(self, req, queue, list(params.stop))
 
-    def _settle_reply(self, session: Session) -> None:
-        """Fold the last reply's tokens into the session's messages and text (decoded once, here)."""
+    def _settled(self, session: Session) -> tuple[list[dict[str, str]], str]:
+        """The session's messages and rendered text with its last reply folded in (the reply is decoded here)."""
         if session.reply_start is None:
-            return
-        reply = session.ids[session.reply_start:]
+            return list(session.messages), session.text
+        reply = session.ids[session.reply_start:session.reply_end]
         content_ids = reply[:-1] if reply and reply[-1] in self.model_stop_ids else reply
         content = self.tokenizer.decode(content_ids, skip_special_tokens=False)
-        session.messages.append({"role": "assistant", "content": content})
-        session.text += self.tokenizer.decode(reply, skip_special_tokens=False)
+        return ([*session.messages, {"role": "assistant", "content": content}],
+                session.text + self.tokenizer.decode(reply, skip_special_tokens=False))
+
+    def _settle_reply(self, session: Session) -> None:
+        session.messages, session.text = self._settled(session)
         session.reply_start = None
+
+    def _warm_next_turn(self, session: Session) -> None:
+        """Append the opener that any next user turn starts with, for the scheduler to prefill while the session is
+        idle (the reply's last sampled token is prefilled with it). ``_claim_opener`` checks it at the next turn."""
+        if (not self.settings.warm_next_turn or session.warm_start is not None or session.busy or session.closed
+                or session.ephemeral):
+            return
+        messages, text = self._settled(session)
+        if not messages:  # the first turn also renders the system prompt: nothing is known before it
+            return
+        try:
+            deltas = [self.renderer.delta(text, messages, [{"role": "user", "content": probe}])[1]
+                      for probe in ("a", "b")]
+        except Exception:  # a template that will not render this history: the next turn will say why
+            log.debug("no opener for session %d", session.id, exc_info=True)
+            return
+        opener = self.renderer.encode(os.path.commonprefix(deltas))
+        if opener and len(session.ids) + len(opener) < self.context_budget:
+            session.warm_start = len(session.ids)
+            session.ids.extend(opener)
+        self.scheduler.session_idle(session)
+        self._lock.notify_all()
+
+    def _claim_opener(self, session: Session, delta_ids: list[int]) -> int:
+        """Where the new turn's ids start: at the opener, whose ids (and K/V) it keeps if it starts with them."""
+        start = session.warm_start
+        if start is None:
+            return len(session.ids)
+        if delta_ids[:len(session.ids) - start] == session.ids[start:]:
+            session.warm_start = None
+            self.counters["openers_kept"] += 1
+        else:
+            session.truncate_kv(self.blocks, start)
+            self.counters["openers_missed"] += 1
+        return start
 
     def _append_turn(self, session: Session, new: list[dict[str, str]], max_tokens: int, stats: RequestStats) -> None:
         full, delta = self.renderer.delta(session.text, session.messages, new)
         delta_ids = self.renderer.encode(delta)
-        if len(session.ids) + len(delta_ids) + max_tokens > self.context_budget:
+        start = self._claim_opener(session, delta_ids)
+        if start + len(delta_ids) + max_tokens > self.context_budget:
             self._compact(session, new, max_tokens, stats)
             return
-        session.marks.append(TurnMark(len(session.messages), len(session.ids), len(session.text)))
-        session.ids.extend(delta_ids)
+        session.marks.append(TurnMark(len(session.messages), start, len(session.text)))
+        session.ids[start:] = delta_ids
         session.messages.extend(new)
         session.text = full
 
@@ -514,6 +557,7 @@ class LLMEngine:
                         and len(req.output_ids) > n_output):
                     s.truncate_kv(self.blocks, s.reply_start + n_output)
                     del req.output_ids[n_output:]
+                    self._warm_next_turn(s)
                 return
             req.keep_output = n_output
             req.cancelled = True
@@ -541,6 +585,8 @@ class LLMEngine:
                     now = time.monotonic()
                     self.counters["max_batch"] = max(self.counters["max_batch"], len(plan.items))
                     for item in plan.items:
+                        if item.request is None:
+                            continue
                         st = item.request.stats
                         if st.first_scheduled is None:
                             st.first_scheduled = now
@@ -561,8 +607,9 @@ class LLMEngine:
                     log.exception("LLM step failed")
                     with self._lock:
                         for item in plan.items:
-                            item.request.session.drop_kv(self.blocks)
-                            self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
+                            if item.request is not None:
+                                item.session.drop_kv(self.blocks)
+                                self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
                     continue
                 with self._lock:
                     self._step_abortable = False
@@ -592,8 +639,12 @@ class LLMEngine:
         now = time.monotonic()
         k = 0
         for item in items:
-            req = item.request
-            s = req.session
+            req, s = item.request, item.session
+            if req is None:  # warming: unless the session was cut or closed while the step ran
+                if s.edits == item.edits and not s.closed:
+                    s.commit(self.blocks, item.n_tokens)
+                    self.counters["warmed_tokens"] += item.n_tokens
+                continue
             if req.state is State.FINISHED:  # cancelled while the step ran (close_session): already settled
                 continue
             s.commit(self.blocks, item.n_tokens)
@@ -631,6 +682,8 @@ class LLMEngine:
             self.scheduler.forget_session(s)
         else:
             self.scheduler.session_idle(s)
+            if error is None and reason != "cancelled":
+                self._warm_next_turn(s)
         key = {"cancelled": "cancelled", "error": "errors"}.get(reason, "finished")
         self.counters[key] += 1
         self.counters["output_tokens"] += req.stats.output_tokens

@@ -74,14 +74,14 @@ class ModelRunner:
         """A slice for one sequence in consecutive blocks, else every decode history as slots read in place."""
         lengths = [it.start + 1 for it in items]
         if len(items) == 1:
-            kv = self._kv_ref(items[0].request.session.block_table, lengths[0])
+            kv = self._kv_ref(items[0].block_table, lengths[0])
             if isinstance(kv, slice):
                 return kv
         bs = self.block_size
         n_max = -(-max(lengths) // bs)
         tables = []
         for it, length in zip(items, lengths, strict=True):
-            table = it.request.session.block_table[:-(-length // bs)]
+            table = it.block_table[:-(-length // bs)]
             tables.append(table + [table[0]] * (n_max - len(table)))  # padding: any valid block, masked out
         blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
         slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(items), -1)
@@ -100,18 +100,17 @@ class ModelRunner:
         decodes: list[tuple[int, ScheduledItem]] = []
         prefills: list[PrefillSpan] = []
         for item in items:
-            s = item.request.session
             t0 = len(ids)
             end = item.start + item.n_tokens
-            ids.extend(s.ids[item.start:end])
+            ids.extend(item.token_ids)
             pos.extend(range(item.start, end))
-            slots.extend(self._slot_ids(s.block_table, item.start, end))
+            slots.extend(self._slot_ids(item.block_table, item.start, end))
             if item.samples:
                 logit_rows.append(t0 + item.n_tokens - 1)
             if item.n_tokens == 1 and item.start > 0:
                 decodes.append((t0, item))
                 continue
-            kv = self._kv_ref(s.block_table, end)
+            kv = self._kv_ref(item.block_table, end)
             mask = None
             if item.start > 0:
                 keep = torch.arange(end, device=dev)[None, :] <= torch.arange(item.start, end, device=dev)[:, None]

@@ -9,7 +9,10 @@ Each step:
 3. Memory pressure: unpin idle sessions, longest-idle first; then preempt running requests of the lowest tier
    (latest arrival first). A preempted request goes back to the queue and recomputes its K/V when it resumes.
 4. A paused request (``Generation.pause``, until its ``paused_until``) is left out of the steps.
-5. A step of ``flex`` work only is ``abortable``: a ``priority`` or ``default`` request that arrives while it runs
+5. Warming, with the budget left and only when no request waits: idle sessions' pending ids (a reply's last sampled
+   token and the next turn's opener, see ``Session``) are prefilled, so the next turn has fewer to prefill. It takes
+   free blocks only; it never unpins or preempts.
+6. A step of ``flex`` work only is ``abortable``: a ``priority`` or ``default`` request that arrives while it runs
    stops it at the next layer (the engine discards it; nothing was committed or sampled), because on a CPU one
    step of background decodes lasts as long as the voice prompt's own prefill. Never when both of the last two
    steps held the lower tiers back (aborted, or deferred for a prefill), so flex still gets one step in three.
@@ -18,7 +21,7 @@ Each step:
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from voicepipe.llm.blocks import BlockManager
 from voicepipe.llm.request import TIER_RANK, Request, State
@@ -29,14 +32,30 @@ FLEX_RANK = TIER_RANK["flex"]
 
 @dataclass
 class ScheduledItem:
-    request: Request
+    """One sequence's tokens in a step. What the step reads of the session is copied when it is planned: a warming
+    session is idle, so the engine's API may cut it while the step runs (``edits`` tells the engine it did)."""
+
+    request: Request | None  # None: warming an idle session
     start: int  # position of the first token computed this step
     n_tokens: int
+    session: Session = None  # type: ignore[assignment]  # the request's session unless given
+    token_ids: list[int] = field(init=False)
+    block_table: list[int] = field(init=False)
+    edits: int = field(init=False)
+    samples: bool = field(init=False)  # the chunk reaches the end of a request's sequence: sample the next token
+
+    def __post_init__(self) -> None:
+        if self.session is None:
+            self.session = self.request.session
+        end = self.start + self.n_tokens
+        self.token_ids = self.session.ids[self.start:end]
+        self.block_table = list(self.session.block_table)
+        self.edits = self.session.edits
+        self.samples = self.request is not None and end == len(self.session.ids)
 
     @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the end of the sequence, so its last logits give the next token."""
-        return self.start + self.n_tokens == len(self.request.session.ids)
+    def rank(self) -> int:
+        return FLEX_RANK if self.request is None else self.request.rank
 
 
 @dataclass
@@ -53,14 +72,16 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_tokens_per_step: int = 256, max_running: int = 32,
-                 flex_aging_steps: int = 64) -> None:
+                 flex_aging_steps: int = 64, warm_idle: bool = True) -> None:
         self.blocks = blocks
         self.max_tokens_per_step = max_tokens_per_step
         self.max_running = max_running
         self.flex_aging_steps = flex_aging_steps
+        self.warm_idle = warm_idle
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.idle: OrderedDict[int, Session] = OrderedDict()  # sessions holding blocks, least recently used first
+        self.warming: dict[int, Session] = {}  # idle sessions with ids to prefill, in the order they went idle
         self.step_no = 0
         self.preemptions = 0
         self.preemptions_by_tier: Counter[str] = Counter()
@@ -74,7 +95,7 @@ class Scheduler:
     def add(self, req: Request) -> None:
         req.state = State.WAITING
         req.enqueued_step = self.step_no
-        self.idle.pop(req.session.id, None)
+        self.forget_session(req.session)
         self.waiting.append(req)
 
     def remove(self, req: Request) -> None:
@@ -89,9 +110,12 @@ class Scheduler:
         if session.block_table and not session.closed:
             self.idle[session.id] = session
             self.idle.move_to_end(session.id)
+            if session.pending and self.warm_idle:
+                self.warming[session.id] = session
 
     def forget_session(self, session: Session) -> None:
         self.idle.pop(session.id, None)
+        self.warming.pop(session.id, None)
 
     def _wait_key(self, req: Request) -> tuple[int, int]:
         rank = req.rank
@@ -101,7 +125,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.warming)
 
     # -- memory pressure --------------------------------------------------------------------------------------------
     def _make_room(self, need: int, victim_rank: int, protected: set[int], plan: StepPlan) -> bool:
@@ -110,6 +134,7 @@ class Scheduler:
         bm = self.blocks
         while bm.num_free < need and self.idle:
             _, session = self.idle.popitem(last=False)
+            self.warming.pop(session.id, None)
             session.drop_kv(bm)
             plan.unpinned.append(session)
             self.unpins += 1
@@ -204,10 +229,28 @@ class Scheduler:
             plan.items.append(ScheduledItem(req, s.num_cached, chunk))
             scheduled.add(req.id)
             budget -= chunk
+        if not self.waiting:
+            self._warm(plan, budget)
         plan.abortable = (bool(plan.items) and not all(self._held_back)
-                          and all(it.request.rank == FLEX_RANK for it in plan.items))
+                          and all(it.rank == FLEX_RANK for it in plan.items))
         self._held_back.append(deferring)
         return plan
+
+    def _warm(self, plan: StepPlan, budget: int) -> None:
+        bm = self.blocks
+        for s in list(self.warming.values()):
+            if budget <= 0:
+                return
+            if not s.pending or not s.block_table:  # already computed, or unpinned: nothing to warm
+                del self.warming[s.id]
+                continue
+            chunk = min(s.pending, budget)
+            if s.blocks_needed(bm, s.num_cached + chunk) > bm.num_free:  # memory is short: leave it to the next turn
+                del self.warming[s.id]
+                continue
+            s.ensure_slots(bm, s.num_cached + chunk)
+            plan.items.append(ScheduledItem(None, s.num_cached, chunk, session=s))
+            budget -= chunk
 
     def step_aborted(self) -> None:
         """The engine stopped the last planned (abortable) step: its tokens were neither committed nor sampled, and

@@ -5,6 +5,10 @@ blocks of ``block_table`` (the rest are computed by the next prefill). Between t
 pinned; the engine may unpin an idle one under memory pressure (its ids stay, so the next turn recomputes, after
 re-matching whatever full blocks are still cached by hash).
 
+After a reply, ``ids`` may end with the next turn's *opener* (from ``warm_start``): the chat template's text that
+starts any user turn, which the engine prefills while the session is idle. The next turn keeps those ids if its
+own rendering starts with them, and cuts them off otherwise.
+
 The methods that touch blocks take the engine's ``BlockManager`` and must run under the engine's lock.
 """
 
@@ -42,6 +46,8 @@ class Session:
     text: str = ""  # the rendered chat text that ``ids`` tokenize to
     marks: list[TurnMark] = field(default_factory=list)
     reply_start: int | None = None  # index in ids where the last assistant reply begins
+    warm_start: int | None = None  # index in ids where the next turn's opener begins (see the module doc)
+    edits: int = 0  # counts cuts of ids or K/V, so a step planned before one knows its work is stale
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
     closed: bool = False
@@ -52,6 +58,11 @@ class Session:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def reply_end(self) -> int:
+        """Where the last reply (or, with no reply, the conversation) ends: before the opener, if one is held."""
+        return len(self.ids) if self.warm_start is None else self.warm_start
 
     @property
     def pending(self) -> int:
@@ -93,6 +104,7 @@ class Session:
 
     def drop_kv(self, bm: BlockManager) -> None:
         """Release every block (unpin or preempt); the ids stay and are recomputed later."""
+        self.edits += 1
         bm.release_table(self.block_table)
         self.block_hashes = []
         self.num_cached = 0
@@ -100,7 +112,10 @@ class Session:
     def truncate_kv(self, bm: BlockManager, n_tokens: int) -> None:
         """Keep the first ``n_tokens`` ids and the K/V that belongs to them; release the blocks past them."""
         bs = bm.block_size
+        self.edits += 1
         del self.ids[n_tokens:]
+        if self.warm_start is not None and n_tokens <= self.warm_start:
+            self.warm_start = None
         keep_blocks = bm.blocks_for(min(n_tokens, self.num_cached))
         for block in reversed(self.block_table[keep_blocks:]):
             bm.release(block)
