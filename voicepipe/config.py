@@ -101,6 +101,10 @@ class TTSSettings(Section):
     # >0: a reply's first chunk is cut after this many words, so the caller hears it sooner (at some cost to that
     # chunk's prosody); 0: the first chunk is the whole first clause.
     first_chunk_words: int = Field(4, ge=0, le=50)
+    # >0: when less than this much of a reply's audio is left to play and nothing is being synthesized, the words
+    # received so far are released without waiting for the clause to end, so the caller hears no gap while the LLM
+    # is behind (at some cost to prosody); 0: off
+    low_water_ms: int = Field(400, ge=0, le=10000)
     output_sample_rate: int = Field(16000, ge=8000, le=48000)
     frame_ms: int = Field(20, ge=5, le=200)
     length_scale: float | None = Field(None, gt=0.1, le=5.0)  # speaking rate (None: the voice's)

@@ -48,7 +48,7 @@ def synthesizer_with(synthesizer: Synthesizer, **tts_settings):
 ])
 def test_the_first_chunk_is_spoken_while_the_reply_is_still_coming(synthesizer: Synthesizer, first_chunk_words: int,
                                                                    first_chunk: str, chunks: int) -> None:
-    with synthesizer_with(synthesizer, first_chunk_words=first_chunk_words) as synth:
+    with synthesizer_with(synthesizer, first_chunk_words=first_chunk_words, low_water_ms=0) as synth:
         stream = synth.open_stream(16000)
         words = tokens(REPLY)
         released = []
@@ -67,6 +67,23 @@ def test_the_first_chunk_is_spoken_while_the_reply_is_still_coming(synthesizer: 
         rest = list(stream.frames(timeout=30))
         assert {f.origin.chunk_index for f in rest} == set(range(chunks))
         assert [f.start_sample for f in [frame, *rest]] == [i * 320 for i in range(len(rest) + 1)]
+
+
+@pytest.mark.parametrize(("low_water_ms", "released"), [(300, ["that table"]), (0, [])])
+def test_words_go_to_synthesis_early_when_the_speech_runs_dry(synthesizer: Synthesizer, low_water_ms: int,
+                                                               released: list[str]) -> None:
+    """An LLM slower than speech: once the audio made so far is nearly played, the words received so far are
+    synthesized rather than waiting for the clause to end (0 turns it off)."""
+    with synthesizer_with(synthesizer, first_chunk_words=3, low_water_ms=low_water_ms) as synth:
+        stream = synth.open_stream(16000)
+        assert [c.text for c in stream.push_text("I can book that")] == ["I can book"]
+        assert stream.read(timeout=30) is not None
+        assert stream.push_text(" table") == []  # plenty of "I can book" is still to be played
+        audio_s = stream.cursor.total_samples / 16000
+        time.sleep(max(0.0, audio_s - (time.perf_counter() - stream.first_audio_at) - 0.15))
+        assert [c.text for c in stream.push_text(" for")] == released
+        stream.end_text()
+        assert len(collect(stream))
 
 
 @pytest.mark.parametrize("rate", [8000, 16000, 24000, 48000])

@@ -108,6 +108,16 @@ def test_eager_first_chunk(text: str, expected: list[str]) -> None:
         assert [c.text for c in out] == expected
 
 
+def test_cut_words_releases_the_complete_words_only() -> None:
+    chunker = TextChunker(min_clause_chars=24)
+    assert chunker.push("Your table for fo") == []
+    assert chunker.cut_words()[0].text == "Your table for"  # "fo" may still grow into "four"
+    assert chunker.cut_words() == []  # no complete word held
+    rest = chunker.push("ur is booked. Thanks") + chunker.flush()
+    assert [c.text for c in rest] == ["four is booked.", "Thanks"]
+    assert [(c.start, c.end, c.index) for c in rest] == [(15, 30, 1), (31, 37, 2)]
+
+
 def test_bad_settings_and_input() -> None:
     with pytest.raises(ValueError):
         TextChunker(min_clause_chars=0)

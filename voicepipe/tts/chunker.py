@@ -10,6 +10,7 @@ Rules, in order:
 - a clause longer than `max_clause_chars` without any of these is cut at the last word boundary;
 - optionally (`first_chunk_words` > 0), the first chunk of a stream is released at a word boundary once it
   has that many words, so the first audio starts sooner (at some cost to the first clause's prosody);
+- `cut_words()` releases the complete words held so far, whatever the rules say (the speech is about to run dry);
 - `flush()` releases the rest.
 Each chunk keeps its character span in the whole text, so audio can be traced back to the text.
 """
@@ -64,6 +65,14 @@ class TextChunker:
             if chunk is not None:
                 chunks.append(chunk)
         return chunks
+
+    def cut_words(self) -> list[TextChunk]:
+        """Release the complete words held so far (a word is complete once whitespace follows it)."""
+        complete = re.sub(r"\S+$", "", self.text[self._start:]).rstrip()  # without a word that may still grow
+        if not complete.strip():
+            return []
+        chunk = self._release(self._start + len(complete))
+        return [chunk] if chunk is not None else []
 
     def flush(self) -> list[TextChunk]:
         """End of the text: release whatever is left."""

@@ -207,6 +207,8 @@ class SpeechStream:
         if self._ended:
             raise RuntimeError("push_text after end_text")
         chunks = self.chunker.push(text)
+        if not chunks and self._running_dry():
+            chunks = self.chunker.cut_words()
         for chunk in chunks:
             self._clauses_submitted += 1
             self.synth._submit(self, chunk)
@@ -235,6 +237,15 @@ class SpeechStream:
             self._frames.clear()
             self.done = True
             self._cond.notify_all()
+
+    def _running_dry(self) -> bool:
+        """The audio made so far is about to have been played (counting from the first audio, at real time) and
+        no clause is being synthesized."""
+        low_water_ms = self.synth.settings.low_water_ms
+        if not low_water_ms or self.first_audio_at is None or self._next_index < self._clauses_submitted:
+            return False
+        ahead_s = self._out_pos / self.sample_rate - (time.perf_counter() - self.first_audio_at)
+        return ahead_s * 1000 < low_water_ms
 
     # --- consumer side (the transport) ------------------------------------------------------------
     def read(self, timeout: float | None = None) -> AudioFrame | None:
