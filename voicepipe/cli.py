@@ -333,6 +333,8 @@ def bench_llm(
     baseline: Annotated[bool, typer.Option(help="Also measure the re-prefill baseline.")] = True,
     stagger: Annotated[float, typer.Option(min=0.0, help="Seconds between session starts.")] = 0.5,
     kv_mib: Annotated[int | None, typer.Option(help="KV pool MiB (default: sized to the workload).")] = None,
+    single_sessions: Annotated[int, typer.Option(
+        min=1, help="Conversations of the 1-session level, one turn at a time (TTFT per turn is their median).")] = 3,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
 ) -> None:
     """Multi-turn sessions on the LLM engine vs. transformers generate re-sending the whole conversation."""
@@ -346,7 +348,8 @@ def bench_llm(
     settings = settings_with(device__device=device)
     report = run_llm_bench(settings, turns=turns, concurrency=levels, reply_tokens=reply_tokens,
                            system_tokens=system_tokens, ignore_eos=ignore_eos, baseline=baseline, stagger_s=stagger,
-                           kv_cache_mib=kv_mib, progress=lambda line: err_console.print(line, highlight=False))
+                           kv_cache_mib=kv_mib, single_sessions=single_sessions,
+                           progress=lambda line: err_console.print(line, highlight=False))
     if json_file is not None:
         json_file.write_text(json.dumps(report, indent=2))
     table = Table(title=f"LLM engine: {turns} turns, {reply_tokens}-token replies")

@@ -2,8 +2,10 @@
 
 Workload: a shared system prompt of about ``system_tokens`` tokens; ``turns`` turns per session, each a user message
 of 20-40 tokens and a reply of ``reply_tokens`` tokens (EOS ignored by default, for fixed lengths); concurrency
-levels (default 1, 4, 16) with session starts staggered. In the same run, the baseline: transformers ``generate``
-with the whole conversation re-sent every turn, one session, which is what voice frameworks do today.
+levels (default 1, 4, 16) with session starts staggered. The 1-session level holds ``single_sessions``
+conversations (3) whose turns take turns, never two at once, so each turn's TTFT p50 is a median of 3, not one
+sample. In the same run, the baseline: transformers ``generate`` with the whole conversation re-sent every turn, one
+session, which is what voice frameworks do today.
 
 Absolute times on a shared CPU mean little; the report's ``ratios`` compare against the baseline of the same run.
 """
@@ -129,6 +131,7 @@ def _summarize(records: list[TurnRecord], turns: int, wall_s: float) -> dict[str
     decode_time = sum(r.decode_time for r in records)
     return {
         "turns": turns,
+        "sessions": len({r.session for r in records}),
         "ttft_p50_per_turn": per_turn_ttft,
         "ttft_p50": _pct(ttfts, 0.5), "ttft_p95": _pct(ttfts, 0.95), "ttft_p99": _pct(ttfts, 0.99),
         "itl_p50": _pct(itls, 0.5), "itl_p95": _pct(itls, 0.95),
@@ -233,26 +236,32 @@ class Baseline:
                 "ttft_turn_last_over_turn2": (records[-1].ttft / records[1].ttft) if len(records) >= 2 else None}
 
 
-async def _run_interleaved(engine, baseline: Baseline, work: Workload) -> LevelResult:
-    """One engine session and the baseline, turn by turn in lockstep, so both see the same machine load."""
+async def _run_one_at_a_time(engine, baseline: Baseline | None, work: Workload, sessions: int) -> LevelResult:
+    """The 1-session level: ``sessions`` conversations (each with its own caller's messages) whose turns never
+    overlap, and the baseline, turn by turn in lockstep, so all see the same machine load. A turn's TTFT p50 is
+    then a median over those conversations, not one sample of a noisy machine."""
     records: list[TurnRecord] = []
     engine_s = 0.0
-    session = engine.open_session(work.system)
+    opened = [engine.open_session(work.system) for _ in range(sessions)]
     try:
         for turn in range(work.turns):
-            start = time.perf_counter()
-            records.append(await _engine_turn(engine, session, work, 0, turn))
-            engine_s += time.perf_counter() - start
-            await asyncio.to_thread(baseline.turn, turn)
+            for slot, session in enumerate(opened):
+                start = time.perf_counter()
+                records.append(await _engine_turn(engine, session, work, slot, turn))
+                engine_s += time.perf_counter() - start
+            if baseline is not None:
+                await asyncio.to_thread(baseline.turn, turn)
     finally:
-        engine.close_session(session)
+        for session in opened:
+            engine.close_session(session)
     return LevelResult(1, engine_s, records)
 
 
 # -- the whole benchmark -------------------------------------------------------------------------------------------
 def run_llm_bench(settings, turns: int = 30, concurrency: tuple[int, ...] = (1, 4, 16), reply_tokens: int = 40,
                   system_tokens: int = 300, ignore_eos: bool = True, baseline: bool = True, stagger_s: float = 0.5,
-                  kv_cache_mib: int | None = None, seed: int = 0, progress=print) -> dict[str, Any]:
+                  kv_cache_mib: int | None = None, seed: int = 0, single_sessions: int = 3,
+                  progress=print) -> dict[str, Any]:
     import torch
 
     from voicepipe.devices import llm_dtype_name, resolve_device
@@ -265,13 +274,13 @@ def run_llm_bench(settings, turns: int = 30, concurrency: tuple[int, ...] = (1, 
     path = resolve_model(settings.models.llm, "llm", settings.paths.models_dir)
     torch.set_grad_enabled(False)
     model, tokenizer = load_causal_lm(path, device, dtype)
-    max_c = max(concurrency)
+    max_c = max(*concurrency, single_sessions if 1 in concurrency else 1)
     work = build_workload(tokenizer, max_c, turns, reply_tokens, system_tokens, ignore_eos, seed)
     report: dict[str, Any] = {
         "workload": {"turns": turns, "concurrency": list(concurrency), "reply_tokens": reply_tokens,
                      "system_tokens": len(tokenizer(work.system, add_special_tokens=False)["input_ids"]),
                      "ignore_eos": ignore_eos, "stagger_s": stagger_s, "device": device, "dtype": dtype,
-                     "torch_threads": torch.get_num_threads(),
+                     "torch_threads": torch.get_num_threads(), "single_sessions": single_sessions,
                      "baseline_mode": ("turn by turn in lockstep with the 1-session level" if 1 in concurrency
                                        else "on its own, after the engine levels")},
         "levels": {},
@@ -293,9 +302,10 @@ def run_llm_bench(settings, turns: int = 30, concurrency: tuple[int, ...] = (1, 
         base = Baseline(base_model, tokenizer, work)
     try:
         for c in concurrency:
-            if c == 1 and base is not None:
-                progress(f"engine: 1 session x {turns} turns, in lockstep with the baseline (generate, full prompt)")
-                result = asyncio.run(_run_interleaved(engine, base, work))
+            if c == 1:
+                progress(f"engine: 1 session at a time ({single_sessions} conversations, turns taking turns) x "
+                         f"{turns} turns" + (", in lockstep with the baseline (generate, full prompt)" if base else ""))
+                result = asyncio.run(_run_one_at_a_time(engine, base, work, single_sessions))
             else:
                 progress(f"engine: {c} session(s) x {turns} turns")
                 result = asyncio.run(_run_level(engine, work, c, stagger_s))
