@@ -154,6 +154,9 @@ class CallSettings(Section):
     # Start the reply at the VAD's speech end and hold its audio until the end-of-turn decision; dropped if the
     # caller resumes. Saves up to vad.end_of_turn_silence_ms per turn, at the cost of LLM work on false ends.
     preemptive_generation: bool = True
+    # While the caller speaks, the LLM prefills the words the STT has committed so far (with llm.warm_next_turn), so
+    # the turn's own prefill is only the rest of the message.
+    prefill_while_speaking: bool = True
     # Pause the reply's LLM decoding while the TTS makes its first audio (at most this long; 0: off). On a CPU the
     # two share the cores and the caller waits for that audio, not for the tokens after it.
     first_audio_llm_pause_ms: int = Field(400, ge=0, le=5000)

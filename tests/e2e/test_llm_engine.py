@@ -229,6 +229,73 @@ async def test_a_turn_that_does_not_start_with_the_opener_cuts_it_off(engine, re
     engine.close_session(session)
 
 
+async def test_the_callers_words_so_far_are_prefilled_and_kept_by_their_turn(engine, reference):
+    """While the caller speaks, the words said so far are prefilled after the opener; later words extend them, and the
+    turn that starts with them computes only the rest of its message. Its reply is still greedy decoding's."""
+    tok = reference[1]
+    session = engine.open_session(SYSTEM)
+    await run(engine.generate(session, [{"role": "user", "content": "Hello there."}], max_tokens=N))
+    reply_end = session.reply_end
+    engine.prefill_user_words(session, "Do you")
+    engine.prefill_user_words(session, " Do you sell ")  # the next partial: extends the held ids, cuts nothing
+    assert session.reply_end == reply_end
+    assert tok.decode(session.ids[reply_end:]).endswith("<|im_start|>user\nDo you sell")
+    await until_warm(session)
+    assert session.pending == 0
+    held = len(session.ids)
+    before = engine.stats()
+    gen = engine.generate(session, [{"role": "user", "content": "Do you sell rye bread?"}], max_tokens=N)
+    await run(gen)
+    prompt = session.ids[:gen.stats.prompt_tokens]
+    assert prompt == tok(session.text, add_special_tokens=False)["input_ids"]
+    assert gen.stats.cached_prompt_tokens == held  # only " rye bread?" and the assistant header were prefilled
+    assert gen.token_ids == greedy_reference(reference, prompt)
+    after = engine.stats()
+    assert after["openers_kept"] == before["openers_kept"] + 1 and after["warm_ids_cut"] == before["warm_ids_cut"]
+    engine.close_session(session)
+
+
+async def test_words_the_turn_does_not_start_with_are_cut_back_to_the_common_prefix(engine, reference):
+    """The final transcript differs from the partial: the turn keeps the ids both start with and recomputes the rest;
+    a partial that changes its mind replaces the words held before it."""
+    tok = reference[1]
+    session = engine.open_session(SYSTEM)
+    await run(engine.generate(session, [{"role": "user", "content": "Hello there."}], max_tokens=N))
+    reply_end = session.reply_end
+    engine.prefill_user_words(session, "Can I order")
+    engine.prefill_user_words(session, "Can you")  # the STT changed its mind: " I order" goes, " you" comes
+    assert tok.decode(session.ids[reply_end:]).endswith("user\nCan you")
+    await until_warm(session)
+    opener = len(session.ids) - len(tok("Can you", add_special_tokens=False)["input_ids"])
+    before = engine.stats()
+    gen = engine.generate(session, [{"role": "user", "content": "Can I pick up a cake?"}], max_tokens=N)
+    await run(gen)
+    prompt = session.ids[:gen.stats.prompt_tokens]
+    assert prompt == tok(session.text, add_special_tokens=False)["input_ids"]
+    assert gen.stats.cached_prompt_tokens == opener + 1  # the opener and "Can" were kept; " you" was cut
+    assert gen.token_ids == greedy_reference(reference, prompt)
+    after = engine.stats()
+    assert after["openers_missed"] == before["openers_missed"] + 1
+    assert after["warm_ids_cut"] == before["warm_ids_cut"] + 1
+    engine.close_session(session)
+
+
+async def test_words_sent_while_a_reply_is_in_flight_change_nothing(engine, reference):
+    session = engine.open_session(SYSTEM)
+    gen = engine.generate(session, [{"role": "user", "content": "Hello there."}], max_tokens=N)
+    stream = gen.__aiter__()
+    await stream.__anext__()
+    gen.pause(30)  # the reply is in flight, and stays so: the session is busy
+    engine.prefill_user_words(session, "And do you")
+    with engine._lock:  # a step may still be appending a token: read the session as the engine leaves it
+        assert session.ids[gen.stats.prompt_tokens:] == gen.request.output_ids and session.warm_start is None
+    gen.resume()
+    async for _ in stream:
+        pass
+    assert gen.token_ids == greedy_reference(reference, session.ids[:gen.stats.prompt_tokens])
+    engine.close_session(session)
+
+
 async def test_turns_sent_while_the_opener_is_warming_match_generate(engine, reference):
     """The next turn arrives at once, racing the warming step: whichever wins, the reply is greedy decoding's."""
     session = engine.open_session(SYSTEM)

@@ -164,6 +164,7 @@ class FakeEngine:
         self.dropped: list[int] = []  # drop_turns(keep) calls
         self.pauses: list[tuple] = []  # the generations' pause / resume calls
         self.seeds: list[int | None] = []
+        self.prefills: list[str] = []  # prefill_user_words calls
         self.closed: list = []
         self.session = None
         self.fail = False
@@ -183,6 +184,10 @@ class FakeEngine:
 
     def rollback_reply(self, session, heard_tokens: int) -> None:
         self.rollbacks.append(heard_tokens)
+
+    def prefill_user_words(self, session, words: str) -> None:
+        assert session is self.session
+        self.prefills.append(words)
 
     def drop_turns(self, session, keep: int) -> None:
         assert not session.busy
@@ -728,6 +733,74 @@ def test_the_llm_pauses_while_the_first_audio_is_synthesized(pause_ms: int) -> N
         await h.settle(lambda: h.output.ended_replies == 1)
         # Paused at the first clause handed to the TTS, resumed at its first frame: once per reply.
         assert h.engine.pauses == ([("pause", 0.4), ("resume",)] if pause_ms else [("resume",)])
+        await h.call.close()
+
+    run(main())
+
+
+def partial(h: Harness, text: str, stable: str) -> None:
+    """A partial transcript from the STT worker, as the call receives it."""
+    h.call._on_partial(SimpleNamespace(text=text, stable_text=stable))
+
+
+def test_the_callers_committed_words_are_prefilled_while_they_speak() -> None:
+    async def main():
+        h = Harness(greeting="Hi.")
+        await h.call.start()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        h.push(20, h.ev("speech_start"))
+        partial(h, "what time", "what")  # the greeting opens this turn's messages: it renders otherwise
+        await asyncio.sleep(0.02)
+        assert h.engine.prefills == []
+        h.push(400)
+        h.push(20, h.ev("speech_end"))
+        h.output.playing = True
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.call.state is CallState.SPEAKING)
+        h.push(20, h.ev("speech_start"))  # a noise while the agent talks: a barge-in may roll the session back
+        partial(h, "and what", "and")
+        await asyncio.sleep(0.02)
+        assert h.engine.prefills == []
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.output.ended_replies == 2)
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+
+        h.push(20, h.ev("speech_start"))
+        partial(h, "and", "")  # nothing committed yet
+        partial(h, "and what about", "and what")
+        partial(h, "and what about tomorrow", "and what about")
+        await h.settle(lambda: len(h.engine.prefills) == 2)
+        assert h.engine.prefills == ["and what", "and what about"]
+        h.call.cfg.prefill_while_speaking = False
+        partial(h, "and what about tomorrow then", "and what about tomorrow")
+        await asyncio.sleep(0.02)
+        assert len(h.engine.prefills) == 2
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_failing_prefill_hint_does_not_break_the_turn() -> None:
+    async def main():
+        h = Harness()
+        await h.call.start()
+
+        def broken(session, words):
+            raise RuntimeError("the engine is on fire")
+
+        h.engine.prefill_user_words = broken
+        h.push(20, h.ev("speech_start"))
+        partial(h, "what time", "what")
+        await asyncio.sleep(0.02)
+        h.push(400)
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.call.state is CallState.SPEAKING)
+        assert h.engine.calls == [[{"role": "user", "content": "what time is it"}]]
         await h.call.close()
 
     run(main())

@@ -71,6 +71,15 @@ class _Event:
     error: BaseException | None = None
 
 
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _free_memory_bytes(device: str) -> int:
     if device.startswith("cuda"):
         import torch
@@ -223,7 +232,8 @@ class LLMEngine:
         self._step_abortable = False  # the running step is flex work only (see Scheduler.step_aborted)
         self.counters = {"requests": 0, "finished": 0, "cancelled": 0, "errors": 0, "overloaded": 0,
                          "compactions": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
-                         "steps": 0, "max_batch": 0, "warmed_tokens": 0, "openers_kept": 0, "openers_missed": 0}
+                         "steps": 0, "max_batch": 0, "warmed_tokens": 0, "openers_kept": 0, "openers_missed": 0,
+                         "warm_ids_cut": 0}
         self.crashed: BaseException | None = None
         self._request_listeners: list[Callable[[Request], None]] = []
 
@@ -457,39 +467,59 @@ class LLMEngine:
         session.messages, session.text = self._settled(session)
         session.reply_start = None
 
-    def _warm_next_turn(self, session: Session) -> None:
-        """Append the opener that any next user turn starts with, for the scheduler to prefill while the session is
-        idle (the reply's last sampled token is prefilled with it). ``_claim_opener`` checks it at the next turn."""
-        if (not self.settings.warm_next_turn or session.warm_start is not None or session.busy or session.closed
-                or session.ephemeral):
+    def prefill_user_words(self, session: Session, words: str) -> None:
+        """The caller has said ``words`` (complete words) of their next message so far: while the session is idle,
+        the engine prefills the next user turn up to them, so the turn itself has fewer tokens to prefill. A no-op
+        while a generation is in flight. Later words replace earlier ones; the next turn keeps the longest prefix
+        of them that its own rendering starts with (see ``_claim_opener``)."""
+        with self._lock:
+            self._warm_next_turn(session, words.strip())
+
+    def _warm_next_turn(self, session: Session, user_words: str = "") -> None:
+        """Hold what the next user turn is known to start with, for the scheduler to prefill while the session is
+        idle (the reply's last sampled token is prefilled with it): the chat template's opener of a user turn and,
+        with ``user_words``, the start of the message."""
+        if not self.settings.warm_next_turn or session.busy or session.closed or session.ephemeral:
             return
         messages, text = self._settled(session)
         if not messages:  # the first turn also renders the system prompt: nothing is known before it
             return
         try:
-            deltas = [self.renderer.delta(text, messages, [{"role": "user", "content": probe}])[1]
-                      for probe in ("a", "b")]
+            deltas = [self.renderer.delta(text, messages, [{"role": "user", "content": f"{user_words} {probe}"
+                                                            if user_words else probe}])[1] for probe in ("a", "b")]
         except Exception:  # a template that will not render this history: the next turn will say why
             log.debug("no opener for session %d", session.id, exc_info=True)
             return
-        opener = self.renderer.encode(os.path.commonprefix(deltas))
-        if opener and len(session.ids) + len(opener) < self.context_budget:
-            session.warm_start = len(session.ids)
-            session.ids.extend(opener)
+        known = os.path.commonprefix(deltas)
+        if user_words:  # the space before the probe belongs to the word the caller has not said yet
+            known = known.removesuffix(" ")
+        ids = self.renderer.encode(known)
+        start = session.reply_end
+        kept = _common_prefix_len(session.ids[start:], ids)
+        if kept < len(session.ids) - start:
+            session.truncate_kv(self.blocks, start + kept)
+        if start + len(ids) >= self.context_budget:
+            ids = ids[:kept]
+        if len(ids) > kept:
+            session.ids.extend(ids[kept:])
+        session.warm_start = start if ids else None
         self.scheduler.session_idle(session)
         self._lock.notify_all()
 
     def _claim_opener(self, session: Session, delta_ids: list[int]) -> int:
-        """Where the new turn's ids start: at the opener, whose ids (and K/V) it keeps if it starts with them."""
+        """Where the new turn's ids start: at the warmed ids, of which it keeps (with their K/V) the longest prefix
+        that its own ids start with."""
         start = session.warm_start
         if start is None:
             return len(session.ids)
-        if delta_ids[:len(session.ids) - start] == session.ids[start:]:
-            session.warm_start = None
-            self.counters["openers_kept"] += 1
-        else:
-            session.truncate_kv(self.blocks, start)
+        kept = _common_prefix_len(session.ids[start:], delta_ids)
+        if kept < len(session.ids) - start:
+            self.counters["warm_ids_cut"] += len(session.ids) - start - kept
+            session.truncate_kv(self.blocks, start + kept)
             self.counters["openers_missed"] += 1
+        else:
+            self.counters["openers_kept"] += 1
+        session.warm_start = None
         return start
 
     def _append_turn(self, session: Session, new: list[dict[str, str]], max_tokens: int, stats: RequestStats) -> None:

@@ -430,14 +430,27 @@ class CallSession:
             return
         at = self._since()
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._partial_arrived, transcript.text, at)
+            loop.call_soon_threadsafe(self._partial_arrived, transcript.text, transcript.stable_text, at)
 
-    def _partial_arrived(self, text: str, at: float) -> None:
+    def _partial_arrived(self, text: str, stable: str, at: float) -> None:
         turn = self._turns + 1
         if self._stt_turn_active:
             self._next_timeline.setdefault("first_partial", at)
         self.note("stt_partial", turn=turn, text=text)
         self._emit("transcript", {"text": text, "final": False, "turn": turn})
+        self._prefill_caller_words(stable)
+
+    def _prefill_caller_words(self, stable: str) -> None:
+        """The caller is still speaking: the LLM may prefill the words committed so far, as `_generate` will send
+        them (`calls.prefill_while_speaking`)."""
+        if (not self.cfg.prefill_while_speaking or not stable or self.closed or self.state is not CallState.LISTENING
+                or self._early is not None or self._pending_assistant or not self._stt_turn_active):
+            return
+        words = f"{self._unanswered} {stable}" if self._unanswered else stable
+        try:
+            self.res.engine.prefill_user_words(self.session, words)
+        except Exception:  # a hint only: the turn prefills everything itself
+            log.exception("call %s: prefilling the caller's words failed", self.call_id)
 
     def _emit_for(self, reply: _Reply, kind: str, data: dict[str, Any]) -> None:
         """A client event of `reply`: held while the reply is an early one, not yet confirmed."""
