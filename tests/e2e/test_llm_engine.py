@@ -280,32 +280,6 @@ async def test_words_the_turn_does_not_start_with_are_cut_back_to_the_common_pre
     engine.close_session(session)
 
 
-@pytest.mark.parametrize(("said", "final"), [
-    ("Do you sell rye bread?", "Do you sell rye bread?"),  # the final is the last partial: one id left
-    ("Do you sell rye bread", "Do you sell rye bread on Sundays?"),  # the caller went on after the pause
-])
-async def test_a_whole_message_prefilled_in_the_pause_leaves_the_turn_one_step(engine, reference, said, final):
-    """Once the caller pauses, the whole message and the assistant header are prefilled (all but the last id). A
-    final equal to it computes one token before sampling; a longer one keeps the words both share."""
-    tok = reference[1]
-    session = engine.open_session(SYSTEM)
-    await run(engine.generate(session, [{"role": "user", "content": "Hello there."}], max_tokens=N))
-    engine.prefill_user_words(session, said, complete=True)
-    assert tok.decode(session.ids[session.reply_end:]).endswith(f"{said}<|im_end|>\n<|im_start|>assistant")
-    await until_warm(session)
-    gen = engine.generate(session, [{"role": "user", "content": final}], max_tokens=N)
-    await run(gen)
-    prompt = session.ids[:gen.stats.prompt_tokens]
-    assert prompt == tok(session.text, add_special_tokens=False)["input_ids"]
-    said_ids = len(tok(said, add_special_tokens=False)["input_ids"])
-    if said == final:
-        assert gen.stats.cached_prompt_tokens == len(prompt) - 1
-    else:
-        assert len(prompt) - 1 > gen.stats.cached_prompt_tokens >= session.marks[-1].n_ids + said_ids
-    assert gen.token_ids == greedy_reference(reference, prompt)
-    engine.close_session(session)
-
-
 async def test_words_sent_while_a_reply_is_in_flight_change_nothing(engine, reference):
     session = engine.open_session(SYSTEM)
     gen = engine.generate(session, [{"role": "user", "content": "Hello there."}], max_tokens=N)

@@ -164,7 +164,7 @@ class FakeEngine:
         self.dropped: list[int] = []  # drop_turns(keep) calls
         self.pauses: list[tuple] = []  # the generations' pause / resume calls
         self.seeds: list[int | None] = []
-        self.prefills: list[tuple[str, bool]] = []  # prefill_user_words calls: (words, complete)
+        self.prefills: list[str] = []  # prefill_user_words calls
         self.closed: list = []
         self.session = None
         self.fail = False
@@ -185,9 +185,9 @@ class FakeEngine:
     def rollback_reply(self, session, heard_tokens: int) -> None:
         self.rollbacks.append(heard_tokens)
 
-    def prefill_user_words(self, session, words: str, complete: bool = False) -> None:
+    def prefill_user_words(self, session, words: str) -> None:
         assert session is self.session
-        self.prefills.append((words, complete))
+        self.prefills.append(words)
 
     def drop_turns(self, session, keep: int) -> None:
         assert not session.busy
@@ -774,34 +774,11 @@ def test_the_callers_committed_words_are_prefilled_while_they_speak() -> None:
         partial(h, "and what about", "and what")
         partial(h, "and what about tomorrow", "and what about")
         await h.settle(lambda: len(h.engine.prefills) == 2)
-        assert h.engine.prefills == [("and what", False), ("and what about", False)]
+        assert h.engine.prefills == ["and what", "and what about"]
         h.call.cfg.prefill_while_speaking = False
         partial(h, "and what about tomorrow then", "and what about tomorrow")
         await asyncio.sleep(0.02)
         assert len(h.engine.prefills) == 2
-        await h.call.close()
-
-    run(main())
-
-
-def test_at_the_speech_end_the_whole_partial_is_prefilled_as_the_message() -> None:
-    """Once the caller pauses, the latest partial may be the whole message: its end and the assistant header are
-    prefilled too, before the early reply asks for the final."""
-    async def main():
-        h = Harness(texts=["and what about tomorrow?"])
-        h.call.cfg.preemptive_generation = False  # the partials that arrive in the pause count
-        await h.call.start()
-        h.push(20, h.ev("speech_start"))
-        partial(h, "and what about tomorrow", "and what")
-        await h.settle(lambda: h.engine.prefills)
-        h.push(20, h.ev("speech_end"))
-        assert h.engine.prefills[-1] == ("and what about tomorrow", True)
-        partial(h, "and what about tomorrow?", "and what about")  # a partial decoded in the pause
-        await h.settle(lambda: len(h.engine.prefills) == 3)
-        assert h.engine.prefills[-1] == ("and what about tomorrow?", True)
-        h.push(20, h.ev("end_of_turn"))
-        await h.settle(lambda: h.engine.calls)
-        assert h.engine.calls == [[{"role": "user", "content": "and what about tomorrow?"}]]
         await h.call.close()
 
     run(main())

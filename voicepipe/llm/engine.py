@@ -467,30 +467,33 @@ class LLMEngine:
         session.messages, session.text = self._settled(session)
         session.reply_start = None
 
-    def prefill_user_words(self, session: Session, words: str, complete: bool = False) -> None:
+    def prefill_user_words(self, session: Session, words: str) -> None:
         """The caller has said ``words`` (complete words) of their next message so far: while the session is idle,
-        the engine prefills the next user turn up to them, so the turn itself has fewer tokens to prefill. With
-        ``complete`` the message may end there (the caller has stopped): its end and the assistant header are
-        prefilled too, all but the last id, from which the turn's own step samples. A no-op while a generation is
-        in flight. Later words replace earlier ones; the next turn keeps the longest prefix of them that its own
-        rendering starts with (see ``_claim_opener``)."""
+        the engine prefills the next user turn up to them, so the turn itself has fewer tokens to prefill. A no-op
+        while a generation is in flight. Later words replace earlier ones; the next turn keeps the longest prefix
+        of them that its own rendering starts with (see ``_claim_opener``)."""
         with self._lock:
-            self._warm_next_turn(session, words.strip(), complete)
+            self._warm_next_turn(session, words.strip())
 
-    def _warm_next_turn(self, session: Session, user_words: str = "", complete: bool = False) -> None:
+    def _warm_next_turn(self, session: Session, user_words: str = "") -> None:
         """Hold what the next user turn is known to start with, for the scheduler to prefill while the session is
         idle (the reply's last sampled token is prefilled with it): the chat template's opener of a user turn and,
-        with ``user_words``, the start of the message (or, ``complete``, the whole turn)."""
+        with ``user_words``, the start of the message."""
         if not self.settings.warm_next_turn or session.busy or session.closed or session.ephemeral:
             return
         messages, text = self._settled(session)
         if not messages:  # the first turn also renders the system prompt: nothing is known before it
             return
         try:
-            ids = self._known_turn_ids(text, messages, user_words, complete)
+            deltas = [self.renderer.delta(text, messages, [{"role": "user", "content": f"{user_words} {probe}"
+                                                            if user_words else probe}])[1] for probe in ("a", "b")]
         except Exception:  # a template that will not render this history: the next turn will say why
             log.debug("no opener for session %d", session.id, exc_info=True)
             return
+        known = os.path.commonprefix(deltas)
+        if user_words:  # the space before the probe belongs to the word the caller has not said yet
+            known = known.removesuffix(" ")
+        ids = self.renderer.encode(known)
         start = session.reply_end
         kept = _common_prefix_len(session.ids[start:], ids)
         if kept < len(session.ids) - start:
@@ -503,25 +506,13 @@ class LLMEngine:
         self.scheduler.session_idle(session)
         self._lock.notify_all()
 
-    def _known_turn_ids(self, text: str, messages: list[dict[str, str]], user_words: str, complete: bool) -> list[int]:
-        """The ids that a next user turn starts with: the template's opener of a user message, then ``user_words``;
-        with ``complete``, the whole turn less its last id."""
-        def rendered(content: str) -> str:
-            return self.renderer.delta(text, messages, [{"role": "user", "content": content}])[1]
-
-        if complete and user_words:
-            return self.renderer.encode(rendered(user_words))[:-1]
-        known = os.path.commonprefix([rendered(f"{user_words} {probe}".lstrip()) for probe in ("a", "b")])
-        # the space before the probe belongs to the word the caller has not said yet
-        return self.renderer.encode(known.removesuffix(" ") if user_words else known)
-
     def _claim_opener(self, session: Session, delta_ids: list[int]) -> int:
         """Where the new turn's ids start: at the warmed ids, of which it keeps (with their K/V) the longest prefix
         that its own ids start with."""
         start = session.warm_start
         if start is None:
             return len(session.ids)
-        kept = min(_common_prefix_len(session.ids[start:], delta_ids), max(0, len(delta_ids) - 1))  # one to sample
+        kept = _common_prefix_len(session.ids[start:], delta_ids)
         if kept < len(session.ids) - start:
             self.counters["warm_ids_cut"] += len(session.ids) - start - kept
             session.truncate_kv(self.blocks, start + kept)

@@ -198,7 +198,6 @@ class CallSession:
         self._next_timeline: dict[str, float] = {}  # the timeline of the caller turn being spoken
         self._speech_end: int | None = None
         self._stt_turn_active = False
-        self._partial_text = ""  # the STT turn's latest partial transcript
         self._stt_vad_start = 0  # VAD sample where the STT turn's audio starts
         self._stt_sample_start = 0  # TranscriptStream sample at that point
         self._turns = 0
@@ -303,7 +302,6 @@ class CallSession:
                 self._hold_output(False)  # a noise: the agent goes on
                 if self._stt_turn_active:
                     self._next_timeline["speech_end"] = self._sample_time(self._audible_end(ev.sample))
-                    self._prefill_caller_words(self._partial_text, complete=True)
                     self._start_early_reply()
             elif ev.kind == "end_of_turn":
                 self._on_end_of_turn()
@@ -343,7 +341,6 @@ class CallSession:
         first = self._vad_pos - len(buffered)
         begin = max(first, sample - int(0.1 * PIPELINE_RATE))
         self._stt_turn_active = True
-        self._partial_text = ""
         self._next_timeline = {"speech_start": self._sample_time(sample)}
         self._stt_vad_start = begin
         self._stt_sample_start = self.stt.samples_pushed
@@ -441,21 +438,17 @@ class CallSession:
             self._next_timeline.setdefault("first_partial", at)
         self.note("stt_partial", turn=turn, text=text)
         self._emit("transcript", {"text": text, "final": False, "turn": turn})
-        if self._stt_turn_active:
-            self._partial_text = text
-            paused = self._speech_start is None  # after the VAD's speech end: this may be the whole message
-            self._prefill_caller_words(text if paused else stable, complete=paused)
+        self._prefill_caller_words(stable)
 
-    def _prefill_caller_words(self, words: str, complete: bool) -> None:
-        """The LLM may prefill the caller's words so far, as `_generate` will send them: the committed words while
-        they speak, the whole message (`complete`) once they pause (`calls.prefill_while_speaking`)."""
-        if (not self.cfg.prefill_while_speaking or not words or self.closed or self.state is not CallState.LISTENING
-                or self._early is not None or self._pending_assistant):
+    def _prefill_caller_words(self, stable: str) -> None:
+        """The caller is still speaking: the LLM may prefill the words committed so far, as `_generate` will send
+        them (`calls.prefill_while_speaking`)."""
+        if (not self.cfg.prefill_while_speaking or not stable or self.closed or self.state is not CallState.LISTENING
+                or self._early is not None or self._pending_assistant or not self._stt_turn_active):
             return
-        if self._unanswered:
-            words = f"{self._unanswered} {words}"
+        words = f"{self._unanswered} {stable}" if self._unanswered else stable
         try:
-            self.res.engine.prefill_user_words(self.session, words, complete=complete)
+            self.res.engine.prefill_user_words(self.session, words)
         except Exception:  # a hint only: the turn prefills everything itself
             log.exception("call %s: prefilling the caller's words failed", self.call_id)
 
