@@ -270,3 +270,23 @@ def test_no_partials_over_silence_after_the_pause_one() -> None:
     assert during_speech >= 3
     assert after_silence - during_speech == 1, fake.calls  # the pause's partial, no more
     assert resumed > after_silence
+
+
+def test_at_the_end_of_speech_only_the_pause_asks_for_a_partial() -> None:
+    """The interval falls due in the quiet after the last word: the pause's partial, 100 ms in, is the one decode."""
+    stt, fake = make(partial_interval_ms=200)
+    fake.gate.clear()  # a decode that starts is held, so a later request cannot merge into it
+    stream = stt.open_stream(16000, on_partial=lambda _: None)
+    stream.push(loud(0.19))  # just under the interval
+    stream.push(np.zeros(320, np.float32))  # 20 ms of quiet: the interval falls due here
+    time.sleep(0.1)  # (a request made now would be taken by the worker)
+    for _ in range(5):  # the pause: 100 ms of quiet
+        stream.push(np.zeros(320, np.float32))
+    time.sleep(0.1)
+    fake.gate.set()
+    deadline = time.monotonic() + 5
+    while stt.stats.partials_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    stt.close()
+    assert len(fake.calls) == 1 and fake.calls[0][1] >= 3040 + 1600, fake.calls  # covers the pause's start

@@ -125,10 +125,11 @@ class TranscriptStream:
             turn = self._turn
             self._append(turn, audio)
             # Speech just stopped: decode now, so the final is ready when the VAD says so. Otherwise every
-            # partial_interval, but not over silence: nothing new was said (and an early reply is busy then).
+            # partial_interval, on speech only: over silence nothing new was said (and an early reply is busy
+            # then), and a decode started in the quiet before a pause would hold up the pause's own decode.
             since = turn.n - turn.requested_at
             pause = self._pause_began(turn, audio)
-            due = pause or (since >= self.transcriber.partial_samples and turn.quiet < since)
+            due = pause or (since >= self.transcriber.partial_samples and turn.quiet == 0)
             if due and len(audio):
                 turn.requested_at = turn.n
         if due:
