@@ -100,7 +100,7 @@ class TTSSettings(Section):
     max_clause_chars: int = Field(200, ge=20, le=5000)  # forced cut at a word boundary past this
     # >0: a reply's first chunk is cut after this many words, so the caller hears it sooner (at some cost to that
     # chunk's prosody); 0: the first chunk is the whole first clause.
-    first_chunk_words: int = Field(4, ge=0, le=50)
+    first_chunk_words: int = Field(3, ge=0, le=50)
     # >0: when less than this much of a reply's audio is left to play and nothing is being synthesized, the words
     # received so far are released without waiting for the clause to end, so the caller hears no gap while the LLM
     # is behind (at some cost to prosody); 0: off
