@@ -22,8 +22,10 @@ TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native", "audios
 # Sentences whisper-tiny.en transcribes reliably from espeak-ng, at 8 kHz u-law too, with their key words.
 # Key words the server's transcript must hold. "capital", not "france": over 8 kHz telephone audio tiny.en has
 # heard "France" as "front" about one call in four; the transports, not the STT's accuracy, are under test here.
+# Not "Tell me about the weather in London.": its 8 kHz audio, cut at 31 points from 200 ms before its end to 400 ms
+# after it, came out as "Tell me I'm out and" at 15; "How is the weather in London today?" kept "London" at all 31.
 THREE_TURNS = [("I want to book a table for dinner.", "dinner"),
-               ("Tell me about the weather in London.", "london"),
+               ("How is the weather in London today?", "london"),
                ("What is the capital of France?", "capital")]
 
 
@@ -118,7 +120,7 @@ def test_barge_in(server, voice_dir: Path, transport: str) -> None:
 def test_four_simultaneous_calls(server, voice_dir: Path) -> None:
     """Four calls at once over two transports: each agent answers its own caller, nothing crosses."""
     base, app = server
-    plans = [("native", [("I want to book a table for dinner.", "dinner"), ("Tell me about the weather in London.",
+    plans = [("native", [("I want to book a table for dinner.", "dinner"), ("How is the weather in London today?",
                                                                              "london")]),
              ("vonage", [("What is the capital of France?", "capital"), ("How do I reset my password?",
                                                                         "password")]),
