@@ -664,7 +664,8 @@ def test_an_early_reply_starts_at_the_speech_end_and_is_heard_only_after_the_end
         turn = h.call.record.turns[0]
         assert turn.user_text == "what time is it" and turn.agent_text == "Hello there my good friend."
         timeline = turn.timeline
-        assert timeline["llm_queued"] < timeline["end_of_turn"] < timeline["first_audio_sent"]
+        # The held audio goes out the moment the end of turn releases it: both may round to the same 0.1 ms.
+        assert timeline["llm_queued"] < timeline["end_of_turn"] <= timeline["first_audio_sent"]
         # Figures after the end of turn count only what the caller waited for: nothing for the transcript.
         assert turn.timings_ms["stt_final"] == 0 and turn.timings_ms["response"] > 0
         await h.call.close()
