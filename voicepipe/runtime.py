@@ -49,7 +49,7 @@ class Runtime:
         from voicepipe.llm.loader import load_causal_lm
         from voicepipe.stt import Transcriber
         from voicepipe.stt.model import load_whisper, stt_placement
-        from voicepipe.tts import Synthesizer, load_aligned_voice
+        from voicepipe.tts import Synthesizer
         from voicepipe.vad import SileroVAD
         from voicepipe.vad.model import load_silero
 
@@ -57,11 +57,10 @@ class Runtime:
         paths = self.model_paths()
         self.vad = self._timed("vad", load_silero, paths["vad"])
         self.stt = self._timed("stt", load_whisper, paths["stt"], *stt_placement(self.settings))
-        self.tts = self._timed("tts", load_aligned_voice, paths["tts"], device == "cuda",
-                               self.settings.tts.cpu_threads)
+        self.synthesizer = self._timed("tts", Synthesizer.load, paths["tts"], self.settings.tts, device == "cuda")
+        self.tts = self.synthesizer.voice
         self.silero = SileroVAD(self.vad)
         self.transcriber = Transcriber(self.stt, self.settings.stt)
-        self.synthesizer = Synthesizer(self.tts, self.settings.tts)
         self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
                                                llm_dtype_name(self.settings.device))
         from voicepipe.llm.engine import LLMEngine

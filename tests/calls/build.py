@@ -80,9 +80,9 @@ def piper_voice_loader(settings):
     def load():
         if not voice:
             from voicepipe.models import resolve_model
-            from voicepipe.tts.voice import load_voice
+            from voicepipe.tts import load_aligned_voice
 
-            voice.append(load_voice(resolve_model(settings.models.tts, "tts", settings.paths.models_dir)))
+            voice.append(load_aligned_voice(resolve_model(settings.models.tts, "tts", settings.paths.models_dir)))
         return voice[0]
 
     return load

@@ -9,7 +9,7 @@ from voicepipe.devices import llm_dtype_name, stt_compute_type
 from voicepipe.llm.loader import load_causal_lm
 from voicepipe.models import resolve_model
 from voicepipe.stt.model import load_whisper
-from voicepipe.tts.voice import load_voice
+from voicepipe.tts import load_aligned_voice
 from voicepipe.vad.model import load_silero
 
 pytestmark = pytest.mark.e2e
@@ -19,7 +19,7 @@ SENTENCE = "I would like to book a table for four people tonight."
 
 @pytest.fixture(scope="module")
 def piper_audio(settings):
-    voice = load_voice(resolve_model(settings.models.tts, "tts", settings.paths.models_dir))
+    voice = load_aligned_voice(resolve_model(settings.models.tts, "tts", settings.paths.models_dir))
     chunks = list(voice.synthesize(SENTENCE))
     rate = chunks[0].sample_rate
     return np.concatenate([c.audio_int16_array for c in chunks]), rate

@@ -83,7 +83,7 @@ def _transcriber(runtime):
 
 
 def _synthesizer(runtime):
-    from voicepipe.tts import Synthesizer, load_aligned_voice
+    from voicepipe.tts import Synthesizer
 
     for name in ("synthesizer", "tts"):
         value = getattr(runtime, name, None)
@@ -92,9 +92,7 @@ def _synthesizer(runtime):
     path = runtime.model_paths()["tts"]
     from voicepipe.devices import resolve_device
 
-    tts = runtime.settings.tts
-    synthesizer = Synthesizer(load_aligned_voice(path, resolve_device(runtime.settings.device) == "cuda",
-                                                 tts.cpu_threads), tts)
+    synthesizer = Synthesizer.load(path, runtime.settings.tts, resolve_device(runtime.settings.device) == "cuda")
     runtime.synthesizer = synthesizer
     return synthesizer
 

@@ -18,12 +18,6 @@ def find_voice_file(path: Path) -> Path:
     return voices[0]
 
 
-def load_voice(path: Path, use_cuda: bool = False):
-    from piper import PiperVoice
-
-    return PiperVoice.load(find_voice_file(path), use_cuda=use_cuda)
-
-
 def load_aligned_voice(path: Path, use_cuda: bool = False, cpu_threads: int = 0):
     """The Piper voice with its phoneme alignment output patched in (needs the onnx package), on a session whose
     idle threads sleep instead of spinning: synthesis shares the CPU with the LLM engine and the STT, and spinning
