@@ -71,15 +71,6 @@ class _Event:
     error: BaseException | None = None
 
 
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _free_memory_bytes(device: str) -> int:
     if device.startswith("cuda"):
         import torch
@@ -495,7 +486,7 @@ class LLMEngine:
             known = known.removesuffix(" ")
         ids = self.renderer.encode(known)
         start = session.reply_end
-        kept = _common_prefix_len(session.ids[start:], ids)
+        kept = len(os.path.commonprefix([session.ids[start:], ids]))
         if kept < len(session.ids) - start:
             session.truncate_kv(self.blocks, start + kept)
         if start + len(ids) >= self.context_budget:
@@ -512,7 +503,7 @@ class LLMEngine:
         start = session.warm_start
         if start is None:
             return len(session.ids)
-        kept = _common_prefix_len(session.ids[start:], delta_ids)
+        kept = len(os.path.commonprefix([session.ids[start:], delta_ids]))
         if kept < len(session.ids) - start:
             self.counters["warm_ids_cut"] += len(session.ids) - start - kept
             session.truncate_kv(self.blocks, start + kept)

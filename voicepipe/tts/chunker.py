@@ -69,7 +69,7 @@ class TextChunker:
     def cut_words(self) -> list[TextChunk]:
         """Release the complete words held so far (a word is complete once whitespace follows it)."""
         complete = re.sub(r"\S+$", "", self.text[self._start:]).rstrip()  # without a word that may still grow
-        if not complete.strip():
+        if not complete:
             return []
         chunk = self._release(self._start + len(complete))
         return [chunk] if chunk is not None else []
