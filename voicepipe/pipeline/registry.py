@@ -18,7 +18,10 @@ class CallRegistry:
         self.active[call.call_id] = call
 
     def finish(self, call: CallSession) -> None:
-        self.active.pop(call.call_id, None)
+        """Move a live call to the ended ones; once only, so a later call that took the same id stays live."""
+        if self.active.get(call.call_id) is not call:
+            return
+        del self.active[call.call_id]
         self.ended[call.call_id] = call.record
         while len(self.ended) > self.keep_ended:
             self.ended.popitem(last=False)

@@ -238,9 +238,15 @@ class Connection:
                  ser.sample_rate, ser.send_rate)
 
     async def _hangup(self, reason: str) -> None:
+        await self._end_call(reason)
+        await self._flush_and_close(1000, reason)
+
+    async def _end_call(self, reason: str) -> None:
+        """Close the call and move it to the registry's ended calls at once: flushing the socket afterwards can
+        take seconds, and a record that says `ended` must never belong to a call still listed as active."""
         if self.call is not None:
             await self.call.close(reason)
-        await self._flush_and_close(1000, reason)
+            self.registry.finish(self.call)
 
     async def _fail(self, code: int, reason: str) -> None:
         await self._flush_and_close(code, reason)
@@ -261,8 +267,7 @@ class Connection:
     async def cleanup(self) -> None:
         self._dead = True
         if self.call is not None:
-            await self.call.close(self.call.end_reason or "disconnected")
-            self.registry.finish(self.call)
+            await self._end_call(self.call.end_reason or "disconnected")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
