@@ -99,6 +99,7 @@ class ModelRunner:
         logit_rows: list[int] = []
         decodes: list[tuple[int, ScheduledItem]] = []
         prefills: list[PrefillSpan] = []
+        group = self.shape.num_heads // self.shape.num_kv_heads
         for item in items:
             t0 = len(ids)
             end = item.start + item.n_tokens
@@ -114,7 +115,7 @@ class ModelRunner:
             mask = None
             if item.start > 0:
                 keep = torch.arange(end, device=dev)[None, :] <= torch.arange(item.start, end, device=dev)[:, None]
-                mask = additive_mask(keep, self.dtype)[None, None]
+                mask = additive_mask(keep.repeat(group, 1), self.dtype)[None, None]
             prefills.append(PrefillSpan(t0, item.n_tokens, kv, mask))
         layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev), prefills=prefills)
         if decodes:
