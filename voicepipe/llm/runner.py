@@ -29,6 +29,11 @@ class ModelShape:
     head_dim: int
     max_context: int
 
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (1 without GQA)."""
+        return self.num_heads // self.num_kv_heads
+
     @classmethod
     def of(cls, model) -> ModelShape:
         cfg = model.config
@@ -86,9 +91,8 @@ class ModelRunner:
         blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
         slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(items), -1)
         slots = slots[:, :max(lengths)]
-        group = self.shape.num_heads // self.shape.num_kv_heads
-        return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, group, self.cache.num_blocks * bs,
-                                 self.dtype)
+        return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, self.shape.group,
+                                 self.cache.num_blocks * bs, self.dtype)
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids, position ids, the step layout and the packed index of each sampled token."""
@@ -99,7 +103,6 @@ class ModelRunner:
         logit_rows: list[int] = []
         decodes: list[tuple[int, ScheduledItem]] = []
         prefills: list[PrefillSpan] = []
-        group = self.shape.num_heads // self.shape.num_kv_heads
         for item in items:
             t0 = len(ids)
             end = item.start + item.n_tokens
@@ -115,7 +118,7 @@ class ModelRunner:
             mask = None
             if item.start > 0:
                 keep = torch.arange(end, device=dev)[None, :] <= torch.arange(item.start, end, device=dev)[:, None]
-                mask = additive_mask(keep.repeat(group, 1), self.dtype)[None, None]
+                mask = additive_mask(keep.repeat(self.shape.group, 1), self.dtype)[None, None]
             prefills.append(PrefillSpan(t0, item.n_tokens, kv, mask))
         layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev), prefills=prefills)
         if decodes:
