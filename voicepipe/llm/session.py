@@ -79,10 +79,7 @@ class Session:
         if need > bm.num_free:
             return False
         for _ in range(need):
-            prefer = self.block_table[-1] + 1 if self.block_table else None
-            if prefer is not None and prefer >= bm.num_blocks:
-                prefer = None
-            self.block_table.append(bm.allocate(prefer))
+            self.block_table.append(bm.allocate(self.block_table[-1] + 1 if self.block_table else None))
         return True
 
     def commit(self, bm: BlockManager, n_new: int) -> None:
