@@ -21,6 +21,7 @@ class FakeDecoder:
         self.gate.set()
         self.delay = 0.0
         self.empty = False  # decode to no words (as a model may for a slice of a turn)
+        self.dropped = ""  # with `empty`: the words a no-speech filter dropped
 
     def context_tokens(self, initial_prompt, hotwords) -> list[int]:
         return [1] if initial_prompt or hotwords else []
@@ -36,7 +37,8 @@ class FakeDecoder:
             n = len(audio) // 1600
             self.calls.append(("batch" if len(audios) > 1 else "one", len(audio)))
             tokens = [] if self.empty else list(range(n))
-            out.append(DecodeResult(tokens, " ".join(f"w{i}" for i in tokens), 0.0, 0.0, len(audio)))
+            out.append(DecodeResult(tokens, " ".join(f"w{i}" for i in tokens), 0.0, 0.0, len(audio),
+                                    dropped_text=self.dropped if self.empty else ""))
         return out
 
 
@@ -290,3 +292,20 @@ def test_at_the_end_of_speech_only_the_pause_asks_for_a_partial() -> None:
     time.sleep(0.1)
     stt.close()
     assert len(fake.calls) == 1 and fake.calls[0][1] >= 3040 + 1600, fake.calls  # covers the pause's start
+
+
+def test_a_turn_of_speech_with_no_words_is_logged_and_counted(caplog) -> None:
+    """The VAD heard a turn that whisper gives no words for: the caller gets no reply, so the log says why."""
+    stt, fake = make(partial_interval_ms=5000)
+    fake.empty, fake.dropped = True, "w0 w1"
+    stream = stt.open_stream(16000)
+    stream.push(loud(1.0))
+    with caplog.at_level("WARNING", logger="voicepipe.stt.transcriber"):
+        assert stream.finish().result(timeout=5).text == ""
+        stream.push(loud(0.3))  # a cough: too short to be worth a warning
+        assert stream.finish().result(timeout=5).text == ""
+    stt.close()
+    assert stt.stats.finals_empty == 1
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "no words in 1.00 s of speech (dropped as no speech: 'w0 w1'" in warnings[0]

@@ -25,6 +25,7 @@ class DecodeResult:
     avg_logprob: float
     samples: int  # audio samples decoded (16 kHz)
     skipped: bool = False  # True when the audio was silent and no model ran
+    dropped_text: str = ""  # what whisper heard but the no-speech filter dropped (for the logs)
 
 
 class WhisperDecoder:
@@ -127,9 +128,10 @@ class WhisperDecoder:
             score = res.scores[0] if res.scores else 0.0
             text = self.tokenizer.decode(tokens).strip()
             avg = float(score)
+            dropped = ""
             if res.no_speech_prob > 0.6 and avg < -1.0:
-                tokens, text = [], ""
-            out.append(DecodeResult(tokens, text, float(res.no_speech_prob), avg, len(audio)))
+                tokens, text, dropped = [], "", text
+            out.append(DecodeResult(tokens, text, float(res.no_speech_prob), avg, len(audio), dropped_text=dropped))
         return out
 
 

@@ -236,6 +236,7 @@ class TranscriberStats:
     partials_dropped: int = 0
     finals_done: int = 0
     finals_reused: int = 0
+    finals_empty: int = 0  # finals of at least EMPTY_FINAL_WARN_S of speech that gave no words
     decode_seconds: float = 0.0
     audio_seconds: float = 0.0
 
@@ -455,8 +456,11 @@ class Transcriber:
             text, ms = last.text, 0.0
         else:
             start = time.perf_counter() if start is None else start
-            text = self._decode([turn.audio(job.end)], [job.context])[0].text
+            decoded = self._decode([turn.audio(job.end)], [job.context])[0]
+            text = decoded.text
             ms = (time.perf_counter() - start) * 1000
+            if not text and job.end >= EMPTY_FINAL_WARN_S * SAMPLE_RATE:
+                self._empty_final(job, decoded)
         full = _join(turn.segments, text)
         result = Transcript(full, True, turn.id, full, job.end / 16, ms, last is not None)
         _settle(job.future, result)
@@ -469,6 +473,17 @@ class Transcriber:
             _call(job.stream.on_final, result)
 
 
+    def _empty_final(self, job: _FinalJob, decoded: DecodeResult) -> None:
+        """A turn of speech (the VAD heard it) that gave no words: count it and log what whisper made of it."""
+        self.stats.finals_empty += 1
+        why = ("silent audio, not decoded" if decoded.skipped
+               else f"dropped as no speech: {decoded.dropped_text!r}" if decoded.dropped_text else "no tokens")
+        log.warning("STT stream %s: no words in %.2f s of speech (%s; no_speech_prob %.2f, avg_logprob %.2f)",
+                    job.stream.id if job.stream else "-", job.end / SAMPLE_RATE, why, decoded.no_speech_prob,
+                    decoded.avg_logprob)
+
+
+EMPTY_FINAL_WARN_S = 0.5  # a final of at least this much audio with no words is logged (and counted)
 REUSE_TAIL_S = 0.25  # a decode may miss at most this much audio before the end of speech...
 TAIL_SPEECH_RATIO = 0.1  # ...and only if no 20 ms frame of it is louder than this share of the speech
 
