@@ -4,7 +4,8 @@ Per run (one per N) the report holds p50/p95/p99 of
 - voice-to-voice: the caller's last speech sample sent -> the first agent audio received (client clock),
 - response: the server's end-of-turn decision -> the first agent audio handed to the transport,
 - the LLM TTFT of each turn (server side), and TTFT at the last turn (30 by default) over turn 2, the
-  figure that shows whether the call's KV cache keeps later turns as cheap as early ones.
+  figure that shows whether the call's KV cache keeps later turns as cheap as early ones (and the same over
+  windows of five turns, less noisy).
 Caller utterances are made with espeak-ng; calls run against `--url`, or an in-process server.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from voicepipe.server import serve_in_thread
-from voicepipe.transports.client import Utterance, read_wav, run_call, utterance
+from voicepipe.transports.client import CallResult, Utterance, read_wav, run_call, utterance
 
 SENTENCES = [
     "I want to book a table for dinner.",
@@ -65,6 +66,15 @@ async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token:
     results = await asyncio.gather(*[
         run_call(url, "twilio", utterances, token=token, quiet_s=0.6, reply_timeout_s=120, record_url=base)
         for _ in range(n_calls)])
+    return summarize_run(results, len(utterances), time.monotonic() - started)
+
+
+def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict[str, Any]:
+    """One run's report: latencies over every turn of every call, per turn, and TTFT late over early.
+
+    ``ttft_turn30_over_turn2`` divides one turn's TTFT p50 by another's: with one call, one sample by one sample.
+    ``ttft_last5_over_turns2to6`` divides the median of the last five turns by that of turns 2-6, which a noisy
+    machine moves less."""
     v2v, response, ttft = [], [], []
     per_turn: dict[int, dict[str, list[float]]] = {}
     for result in results:
@@ -80,17 +90,23 @@ async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token:
                     bucket.append(timings[key])
                     row[key].append(timings[key])
     last = max(per_turn) if per_turn else 0
-    t2 = np.median(per_turn[2]["ttft"]) if 2 in per_turn and per_turn[2]["ttft"] else None
-    tl = np.median(per_turn[last]["ttft"]) if last and per_turn[last]["ttft"] else None
+
+    def ttft_median(first: int, stop: int) -> float | None:
+        values = [v for k in range(first, stop + 1) for v in per_turn.get(k, {}).get("ttft", [])]
+        return float(np.median(values)) if values else None
+
+    t2, tl = ttft_median(2, 2), ttft_median(last, last)
+    early, late = ttft_median(2, 6), ttft_median(last - 4, last)
     return {
-        "calls": n_calls,
-        "turns": len(utterances),
-        "seconds": round(time.monotonic() - started, 1),
+        "calls": len(results),
+        "turns": turns,
+        "seconds": round(seconds, 1),
         "voice_to_voice_ms": stats(v2v),
         "response_ms": stats(response),
         "ttft_ms": stats(ttft),
-        f"ttft_turn{last}_over_turn2": round(float(tl / t2), 3) if t2 and tl else None,
-        "ttft_turn30_over_turn2": round(float(tl / t2), 3) if t2 and tl and last == 30 else None,
+        f"ttft_turn{last}_over_turn2": round(tl / t2, 3) if t2 and tl else None,
+        "ttft_turn30_over_turn2": round(tl / t2, 3) if t2 and tl and last == 30 else None,
+        "ttft_last5_over_turns2to6": round(late / early, 3) if early and late and last >= 11 else None,
         "per_turn": [{"turn": k, **{f"{name}_ms_p50": stats(v)["p50"] for name, v in row.items()}}
                      for k, row in sorted(per_turn.items())],
         "turns_without_reply": sum(1 for r in results for t in r.turns if t.first_audio is None),
@@ -127,5 +143,6 @@ def _one_line(run: dict[str, Any]) -> str:
     ratio = next((value for key, value in run.items()
                   if key.startswith("ttft_turn") and key.endswith("_over_turn2") and value is not None), None)
     return (f"calls={run['calls']}: voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, response p50/p95 "
-            f"{r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio}, "
+            f"{r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio} "
+            f"(last 5 / turns 2-6: {run['ttft_last5_over_turns2to6']}), "
             f"turns without reply {run['turns_without_reply']}")

@@ -1,0 +1,44 @@
+"""`voicepipe bench call`'s report from finished calls (no server: the client's turns and the server's records)."""
+
+from __future__ import annotations
+
+from voicepipe.pipeline.bench_call import summarize_run
+from voicepipe.transports.client import CallResult, ClientTurn
+
+
+def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(), empty: set[int] = frozenset(),
+         turns: int = 30) -> CallResult:
+    result = CallResult("twilio", call_id)
+    records = []
+    for k in range(1, turns + 1):
+        replied = k not in no_reply
+        result.turns.append(ClientTurn(k, speech_end=10.0 * k, first_audio=10.0 * k + 0.5 if replied else None))
+        records.append({"turn": k, "user_text": "" if k in empty else "hello", "error": None, "interrupted": False,
+                        "timings_ms": {"response": 20.0, "ttft": ttft.get(k, 100.0)} if replied else {}})
+    result.record = {"turns": records}
+    return result
+
+
+def test_report_pools_calls_and_gives_turn_and_window_ratios() -> None:
+    # TTFT 100 ms everywhere, except turn 2 (80 in one call, 120 in the other) and the last five turns (150)
+    late = {k: 150.0 for k in range(26, 31)}
+    a = call("CA1", {2: 80.0, **late}, no_reply={9}, empty={9})
+    b = call("CA2", {2: 120.0, **late})
+    report = summarize_run([a, b], turns=30, seconds=12.34)
+    assert report["calls"] == 2 and report["seconds"] == 12.3
+    assert report["voice_to_voice_ms"]["p50"] == 500.0 and report["voice_to_voice_ms"]["n"] == 59
+    assert report["response_ms"]["n"] == 59
+    assert report["ttft_turn30_over_turn2"] == 1.5  # 150 / median(80, 120)
+    # turns 2-6 pooled: 80, 120 and eight 100s -> 100; turns 26-30: 150
+    assert report["ttft_last5_over_turns2to6"] == 1.5
+    assert report["turns_without_reply"] == 1
+    assert report["turn_problems"] == [{"call": "CA1", "turn": 9, "user_text": "", "error": None,
+                                        "interrupted": False}]
+    turn2 = next(row for row in report["per_turn"] if row["turn"] == 2)
+    assert turn2["ttft_ms_p50"] == 100.0
+
+
+def test_short_runs_have_no_turn30_or_window_ratio() -> None:
+    report = summarize_run([call("CA1", {2: 50.0, 8: 100.0}, turns=8)], turns=8, seconds=1.0)
+    assert report["ttft_turn8_over_turn2"] == 2.0
+    assert report["ttft_turn30_over_turn2"] is None and report["ttft_last5_over_turns2to6"] is None
