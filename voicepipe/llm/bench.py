@@ -340,6 +340,8 @@ def _ratios(report: dict[str, Any]) -> dict[str, Any]:
         per_turn = one["ttft_p50_per_turn"]
         ratios["ttft_turn30_over_turn2"] = per_turn[-1] / per_turn[1]
         ratios["ttft_turn30_over_turn2_turns"] = [2, len(per_turn)]
+        if len(per_turn) >= 11:  # the same over windows of five turns, which one slow turn moves less
+            ratios["ttft_last5_over_turns2to6"] = statistics.median(per_turn[-5:]) / statistics.median(per_turn[1:6])
     fractions = [f for lvl in levels.values() for f in lvl["cached_fraction_per_turn"][1:] if f is not None]
     ratios["cached_fraction_min_from_turn2"] = min(fractions) if fractions else None
     base = report.get("baseline")
