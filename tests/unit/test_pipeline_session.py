@@ -9,197 +9,21 @@ overrides from the start message, a failing turn, and the release of everything 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from tests.pipeline_fakes import PER_CHAR, FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream
 from voicepipe.config import Settings
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.timeline import CHAIN, EVENTS
 from voicepipe.pipeline import CallResources, CallSession, CallState
 from voicepipe.transports.playback import Heard
-from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
 from voicepipe.vad import VADEvent
 
 RATE = 16000
 OUT_RATE = 8000
-PER_CHAR = 80  # output samples per character of agent text (10 ms at 8 kHz)
-
-
-class FakeDetector:
-    def __init__(self) -> None:
-        self.stream = SimpleNamespace(samples_processed=0)
-        self.pending: list[VADEvent] = []
-
-    def push(self, audio: np.ndarray) -> list[VADEvent]:
-        self.stream.samples_processed += len(audio)
-        out, self.pending = self.pending, []
-        return out
-
-
-class FakeSTTStream:
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = texts
-        self.samples_pushed = 0
-        self.futures: list[Future] = []
-        self.cancelled_turns = 0
-        self.peeks = 0
-        self.closed = False
-        self.hold = False  # leave the final pending (the caller is "thinking")
-
-    def push(self, audio: np.ndarray) -> None:
-        self.samples_pushed += len(audio)
-
-    def finish(self, end_sample=None) -> Future:
-        fut: Future = Future()
-        self.futures.append(fut)
-        if not self.hold:
-            fut.set_result(SimpleNamespace(text=self.texts.pop(0)))
-        return fut
-
-    def peek(self, end_sample=None) -> Future:
-        self.peeks += 1
-        return self.finish(end_sample)
-
-    def cancel_turn(self) -> None:
-        self.cancelled_turns += 1
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class FakeSpeech:
-    """Synthesizes each pushed clause at once: PER_CHAR samples per character, word timings from spaces."""
-
-    def __init__(self, rate: int, turn: int) -> None:
-        self.rate, self.turn = rate, turn
-        self.cursor = PlayoutCursor()
-        self.frames: list = []
-        self.text = ""
-        self.pos = 0
-        self.done = self.cancelled = False
-        self.error = None
-        self.index = 0
-
-    def _synth(self, text: str) -> list:
-        if not text or self.cancelled:
-            return []
-        start_char = len(self.text)
-        self.text += text
-        words, offset = [], 0
-        for word in text.split(" "):
-            if word:
-                a = start_char + offset
-                words.append(WordTiming(word, a, a + len(word), self.pos + offset * PER_CHAR,
-                                        self.pos + (offset + len(word)) * PER_CHAR))
-            offset += len(word) + 1
-        n = len(text) * PER_CHAR
-        self.cursor.add(SpeechOrigin(self.turn, self.index, text, start_char, start_char + len(text), self.pos,
-                                     self.pos + n, self.rate, tuple(words)))
-        self.index += 1
-        for i in range(0, n, 160):
-            self.frames.append(SimpleNamespace(samples=np.zeros(min(160, n - i), np.int16), start_sample=self.pos + i))
-        self.pos += n
-        return [text]
-
-    def push_text(self, text: str) -> list:
-        return self._synth(text)
-
-    def end_text(self) -> list:
-        self.done = True
-        return []
-
-    def say(self, text: str) -> None:
-        self._synth(text)
-        self.done = True
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self.frames.clear()
-        self.done = True
-
-    def read(self, timeout=None):
-        if self.cancelled or not self.frames:
-            return None
-        return self.frames.pop(0)
-
-    @property
-    def queued_frames(self) -> int:
-        return len(self.frames)
-
-
-class FakeGeneration:
-    def __init__(self, engine, words: list[str]) -> None:
-        self.engine, self.words = engine, words
-        self.stats = SimpleNamespace(prompt_tokens=40, cached_prompt_tokens=30, output_tokens=len(words))
-
-    async def _run(self):
-        self.engine.session.busy = True
-        try:
-            for i, word in enumerate(self.words):
-                await asyncio.sleep(0.001)
-                yield SimpleNamespace(text=(" " if i else "") + word, token_ids=[i], time=0.0)
-                if self.engine.slow:
-                    await asyncio.sleep(10)
-        finally:
-            self.engine.session.busy = False
-
-    def __aiter__(self):
-        return self._run()
-
-    def pause(self, max_s: float) -> None:
-        self.engine.pauses.append(("pause", max_s))
-
-    def resume(self) -> None:
-        self.engine.pauses.append(("resume",))
-
-
-class FakeEngine:
-    def __init__(self, reply: str = "Hello there my good friend.") -> None:
-        self.reply = reply
-        self.calls: list[list[dict]] = []
-        self.rollbacks: list[int] = []
-        self.dropped: list[int] = []  # drop_turns(keep) calls
-        self.pauses: list[tuple] = []  # the generations' pause / resume calls
-        self.seeds: list[int | None] = []
-        self.prefills: list[str] = []  # prefill_user_words calls
-        self.closed: list = []
-        self.session = None
-        self.fail = False
-        self.slow = False
-
-    def open_session(self, system_prompt=None):
-        self.session = SimpleNamespace(system_prompt=system_prompt, busy=False, closed=False, marks=[])
-        return self.session
-
-    def generate(self, session, messages, **kw):
-        if self.fail:
-            raise RuntimeError("the engine is on fire")
-        self.calls.append(messages)
-        self.seeds.append(kw.get("seed"))
-        session.marks.append(len(self.calls))  # a turn begins
-        return FakeGeneration(self, self.reply.split(" "))
-
-    def rollback_reply(self, session, heard_tokens: int) -> None:
-        self.rollbacks.append(heard_tokens)
-
-    def prefill_user_words(self, session, words: str) -> None:
-        assert session is self.session
-        self.prefills.append(words)
-
-    def drop_turns(self, session, keep: int) -> None:
-        assert not session.busy
-        self.dropped.append(keep)
-        del session.marks[keep:]
-
-    def close_session(self, session) -> None:
-        session.closed = True
-        self.closed.append(session)
-
-    def history(self, session):
-        return [{"role": "system", "content": session.system_prompt}]
 
 
 class FakeOutput:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.unit.test_pipeline_session import FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream
+from tests.pipeline_fakes import FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream
 from voicepipe.config import Settings
 from voicepipe.pipeline import CallRegistry, CallResources, CallSession
 from voicepipe.transports.gateway import Connection
