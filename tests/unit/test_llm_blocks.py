@@ -19,6 +19,13 @@ def computed_session(bm: BlockManager, ids: list[int]) -> Session:
     return s
 
 
+def drop_all_and_check_no_leak(bm: BlockManager, sessions: list[Session]) -> None:
+    for s in sessions:
+        s.drop_kv(bm)
+    assert bm.num_free == bm.num_blocks
+    bm.check()
+
+
 def test_refcounts_and_free_list():
     bm = BlockManager(8, BS)
     a, b = bm.allocate(), bm.allocate()
@@ -59,10 +66,7 @@ def test_shared_system_prompt_across_three_sessions_uses_one_set_of_blocks():
     # 3 shared + 2 private per session
     assert bm.num_used == 3 + 3 * 2
     assert bm.hit_blocks == 6  # sessions 2 and 3 hit the 3 system blocks each
-    for s in sessions:
-        s.drop_kv(bm)
-    assert bm.num_free == bm.num_blocks
-    bm.check()
+    drop_all_and_check_no_leak(bm, sessions)
 
 
 def test_hit_checks_tokens_and_chain():
@@ -199,10 +203,7 @@ def test_sessions_taking_turns_each_grow_in_consecutive_blocks():
     assert _runs(sessions[0].block_table) == 1  # it computed the prefix: its own blocks follow it
     assert [_runs(s.block_table[3:]) for s in sessions[1:]] == [1, 1]
     bm.check()
-    for s in sessions:
-        s.drop_kv(bm)
-    assert bm.num_free == bm.num_blocks
-    bm.check()
+    drop_all_and_check_no_leak(bm, sessions)
 
 
 def test_a_new_run_starts_mid_gap_and_never_evicts_a_cached_block_while_a_blank_one_is_free():
