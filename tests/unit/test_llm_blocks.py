@@ -19,13 +19,6 @@ def computed_session(bm: BlockManager, ids: list[int]) -> Session:
     return s
 
 
-def drop_all_and_check_no_leak(bm: BlockManager, sessions: list[Session]) -> None:
-    for s in sessions:
-        s.drop_kv(bm)
-    assert bm.num_free == bm.num_blocks
-    bm.check()
-
-
 def test_refcounts_and_free_list():
     bm = BlockManager(8, BS)
     a, b = bm.allocate(), bm.allocate()
@@ -66,7 +59,10 @@ def test_shared_system_prompt_across_three_sessions_uses_one_set_of_blocks():
     # 3 shared + 2 private per session
     assert bm.num_used == 3 + 3 * 2
     assert bm.hit_blocks == 6  # sessions 2 and 3 hit the 3 system blocks each
-    drop_all_and_check_no_leak(bm, sessions)
+    for s in sessions:
+        s.drop_kv(bm)
+    assert bm.num_free == bm.num_blocks
+    bm.check()
 
 
 def test_hit_checks_tokens_and_chain():
@@ -100,14 +96,10 @@ def test_freed_blocks_keep_their_hash_until_reused_in_lru_order():
     again = Session(ids=[1, 2, 3, 4, 0])
     assert again.attach_prefix(bm) == 4 and again.block_table == [f_block]
     again.drop_kv(bm)
-    # reuse everything: the blocks that cache nothing go first, then the hashed ones, least recently freed first;
-    # their hashes are forgotten
+    # reuse everything: the least recently freed blocks go first, and their hashes are forgotten
     order = bm.free_order()
-    hashed = [b for b in order if bm.block_hash[b] is not None]
-    assert hashed == [s_block, f_block]  # the hit above freed f_block again, after s_block
     taken = [bm.allocate() for _ in range(bm.num_blocks)]
-    assert sorted(taken[:-2]) == sorted(set(order) - set(hashed))
-    assert taken[-2:] == hashed
+    assert taken == order
     assert bm.match_prefix([1, 2, 3, 4, 0]) == ([], [])
     assert bm.hash_to_block == {}
 
@@ -119,11 +111,10 @@ def test_lru_evicts_oldest_hashed_block_first():
     a_blocks, b_blocks = list(a.block_table), list(b.block_table)
     a.drop_kv(bm)
     b.drop_kv(bm)
-    # a was freed before b (each tail first). The two tails cache nothing and go first; then a's prefix block is
-    # evicted before b's, which survives
+    # a was freed before b (each tail first), so a's blocks are reused first and b's cached prefix survives
     assert bm.free_order() == a_blocks[::-1] + b_blocks[::-1]
-    taken = [bm.allocate() for _ in range(3)]
-    assert set(taken[:2]) == {a_blocks[1], b_blocks[1]} and taken[2] == a_blocks[0]
+    taken = {bm.allocate(), bm.allocate()}
+    assert taken == set(a_blocks)
     assert Session(ids=[1, 1, 1, 1, 0]).attach_prefix(bm) == 0
     s = Session(ids=[2, 2, 2, 2, 0])
     assert s.attach_prefix(bm) == 4
@@ -179,41 +170,3 @@ def test_truncate_into_shared_block_recomputes_instead_of_writing_it():
         s.drop_kv(bm)
     bm.check()
     assert bm.num_free == 16
-
-
-def _runs(table: list[int]) -> int:
-    """How many runs of consecutive block ids the table holds."""
-    return 1 + sum(1 for a, b in zip(table, table[1:], strict=False) if b != a + 1)
-
-
-def test_sessions_taking_turns_each_grow_in_consecutive_blocks():
-    """Three sessions share a prefix, then take turns appending a turn each (as calls do). Each session's own
-    blocks stay one run, so attention reads its history as two views (prefix, own run) rather than a gather of
-    interleaved blocks; handing out the least recently freed block instead interleaves them turn by turn."""
-    bm = BlockManager(512, BS)
-    prefix = list(range(100, 112))  # 3 full blocks
-    sessions = [computed_session(bm, [*prefix, 1000 + i]) for i in range(3)]
-    assert all(s.block_table[:3] == sessions[0].block_table[:3] for s in sessions)  # the prefix is stored once
-    for turn in range(10):
-        for i, s in enumerate(sessions):
-            new = [2000 + 100 * i + 10 * turn + k for k in range(7)]
-            s.ids.extend(new)
-            assert s.ensure_slots(bm, len(s.ids))
-            s.commit(bm, len(new))
-    assert _runs(sessions[0].block_table) == 1  # it computed the prefix: its own blocks follow it
-    assert [_runs(s.block_table[3:]) for s in sessions[1:]] == [1, 1]
-    bm.check()
-    drop_all_and_check_no_leak(bm, sessions)
-
-
-def test_a_new_run_starts_mid_gap_and_never_evicts_a_cached_block_while_a_blank_one_is_free():
-    bm = BlockManager(16, BS)
-    cached = computed_session(bm, list(range(8)))  # 2 full blocks at the pool's start
-    cached_blocks = list(cached.block_table)
-    cached.drop_kv(bm)  # free, still hashed
-    s = Session(ids=[50, 51, 52, 53, 54])
-    assert s.ensure_slots(bm, 5)
-    assert s.block_table == [9, 10]  # the middle of blank blocks 2..15: the run before it keeps room to grow
-    assert Session(ids=list(range(8)) + [9]).attach_prefix(bm) == 8  # the cached blocks were left alone
-    bm.check()
-    assert set(cached_blocks).isdisjoint(s.block_table)

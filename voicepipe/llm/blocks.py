@@ -7,18 +7,12 @@ Pure logic, no tensors: the runner owns the K/V pool and indexes it with the blo
   prefix finds it (the tokens are compared on every hit, so a hash collision can never serve wrong KV).
 - Blocks are reference counted. A block whose count drops to zero joins the free list but keeps its hash, so it can
   still be hit until it is reused; reuse takes the least recently freed block first (LRU).
-- A free block without a hash caches nothing, so it is taken before any hashed one, and where it helps a sequence
-  stay in consecutive blocks: the block after the sequence's last one, else the start of a new run with room to grow
-  (the middle of the longest stretch of such blocks). Attention reads a history in consecutive blocks faster (one
-  view instead of a gather per layer); sessions that take turns would otherwise interleave their blocks turn by turn.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-
-import numpy as np
 
 NO_HASH = None
 
@@ -44,7 +38,6 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         # Free blocks in LRU order: first = least recently freed = reused first.
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        self._blank = np.ones(num_blocks, dtype=bool)  # free and without a hash: caches nothing
         # Counters for the engine's stats.
         self.hit_blocks = 0
         self.lookup_blocks = 0
@@ -67,31 +60,19 @@ class BlockManager:
 
     # -- allocation ---------------------------------------------------------------------------------------------
     def allocate(self, prefer: int | None = None) -> int:
-        """Take a free block (refcount 1): ``prefer`` (the block after a sequence's last one) when it is blank, else
-        the start of a new run of blank blocks, else the least recently freed hashed block (LRU eviction)."""
+        """Take a free block (refcount 1). ``prefer`` (the block after a sequence's last one) is taken instead of
+        the LRU head when it is free and holds no hash, so a lone sequence stays contiguous without evicting a
+        cached block out of LRU order."""
         if not self._free:
             raise OutOfBlocksError("the KV pool has no free block")
-        if prefer is not None and 0 <= prefer < self.num_blocks and self._blank[prefer]:
+        if prefer is not None and prefer in self._free and self.block_hash[prefer] is NO_HASH:
+            del self._free[prefer]
             block = prefer
-            del self._free[block]
-        elif self._blank.any():
-            block = self._roomy_blank()
-            del self._free[block]
         else:
             block, _ = self._free.popitem(last=False)
-        self._blank[block] = False
         self._forget_hash(block)
         self.ref_count[block] = 1
         return block
-
-    def _roomy_blank(self) -> int:
-        """Where a new run of blocks can grow longest: the middle of the longest stretch of blank blocks (its first
-        block if the stretch starts the pool; a stretch in the middle leaves its first half to the run before it)."""
-        edges = np.diff(np.concatenate(([0], self._blank.view(np.int8), [0])))
-        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        i = int(np.argmax(ends - starts))
-        start, length = int(starts[i]), int(ends[i] - starts[i])
-        return start if start == 0 else start + length // 2
 
     def unregister(self, block: int) -> None:
         """Forget a block's hash (its owner is about to overwrite part of it)."""
@@ -107,7 +88,6 @@ class BlockManager:
     def incref(self, block: int) -> None:
         if self.ref_count[block] == 0:
             del self._free[block]
-            self._blank[block] = False
         self.ref_count[block] += 1
 
     def release(self, block: int) -> None:
@@ -116,7 +96,6 @@ class BlockManager:
         self.ref_count[block] -= 1
         if self.ref_count[block] == 0:
             self._free[block] = None  # most recently freed: reused last
-            self._blank[block] = self.block_hash[block] is NO_HASH
 
     def release_table(self, table: list[int]) -> None:
         """Release a sequence's blocks, tail first, so that its prefix (the most shareable part) is reused last."""
@@ -172,6 +151,5 @@ class BlockManager:
         for b in range(self.num_blocks):
             assert self.ref_count[b] >= 0
             assert (self.ref_count[b] == 0) == (b in self._free), f"block {b}: refcount and free list disagree"
-            assert self._blank[b] == (b in self._free and self.block_hash[b] is NO_HASH), f"block {b}: blank flag"
         for h, b in self.hash_to_block.items():
             assert self.block_hash[b] == h

@@ -79,7 +79,10 @@ class Session:
         if need > bm.num_free:
             return False
         for _ in range(need):
-            self.block_table.append(bm.allocate(self.block_table[-1] + 1 if self.block_table else None))
+            prefer = self.block_table[-1] + 1 if self.block_table else None
+            if prefer is not None and prefer >= bm.num_blocks:
+                prefer = None
+            self.block_table.append(bm.allocate(prefer))
         return True
 
     def commit(self, bm: BlockManager, n_new: int) -> None:
