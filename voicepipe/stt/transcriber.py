@@ -472,7 +472,6 @@ class Transcriber:
         if job.stream is not None and job.stream.on_final is not None:
             _call(job.stream.on_final, result)
 
-
     def _empty_final(self, job: _FinalJob, decoded: DecodeResult) -> None:
         """A turn of speech (the VAD heard it) that gave no words: count it and log what whisper made of it."""
         self.stats.finals_empty += 1
