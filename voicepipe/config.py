@@ -127,7 +127,8 @@ class LLMSettings(Section):
     flex_aging_steps: int = Field(64, ge=1)  # a flex request waiting this many steps ranks as priority
     default_max_tokens: int = Field(256, ge=0)
     # CPU float32: pack the linear weights for oneDNN once, so that prefill matmuls stop repacking them on every
-    # step (faster prefill; the packed copies cost those weights' memory once more)
+    # step and a decode's matrix-vector products use both cores (the packed copies cost those weights' memory once
+    # more)
     prepack_linears: bool = True
     # after a reply, prefill the chat template's opener of the next user turn while the session is idle
     warm_next_turn: bool = True
