@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voicepipe.pipeline.bench_call import summarize_run
+from voicepipe.pipeline.bench_call import SENTENCES, WINDOW, WINDOW_RATIO, summarize_run
 from voicepipe.transports.client import CallResult, ClientTurn
 
 
@@ -19,9 +19,18 @@ def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(),
     return result
 
 
+def test_turn_30_and_each_window_say_the_same_sentences_as_the_early_turns() -> None:
+    def sentence(turn: int) -> str:  # as make_utterances picks them
+        return SENTENCES[(turn - 1) % len(SENTENCES)]
+
+    assert sentence(30) == sentence(2)
+    assert sorted(map(sentence, range(24, 31))) == sorted(map(sentence, range(2, 2 + WINDOW))) == sorted(SENTENCES)
+    assert WINDOW_RATIO == "ttft_last7_over_turns2to8"
+
+
 def test_report_pools_calls_and_gives_turn_and_window_ratios() -> None:
-    # TTFT 100 ms everywhere, except turn 2 (80 in one call, 120 in the other) and the last five turns (150)
-    late = {k: 150.0 for k in range(26, 31)}
+    # TTFT 100 ms everywhere, except turn 2 (80 in one call, 120 in the other) and the last seven turns (150)
+    late = {k: 150.0 for k in range(24, 31)}
     a = call("CA1", {2: 80.0, **late}, no_reply={9}, empty={9})
     b = call("CA2", {2: 120.0, **late})
     report = summarize_run([a, b], turns=30, seconds=12.34)
@@ -29,8 +38,8 @@ def test_report_pools_calls_and_gives_turn_and_window_ratios() -> None:
     assert report["voice_to_voice_ms"]["p50"] == 500.0 and report["voice_to_voice_ms"]["n"] == 59
     assert report["response_ms"]["n"] == 59
     assert report["ttft_turn30_over_turn2"] == 1.5  # 150 / median(80, 120)
-    # turns 2-6 pooled: 80, 120 and eight 100s -> 100; turns 26-30: 150
-    assert report["ttft_last5_over_turns2to6"] == 1.5
+    # turns 2-8 pooled: 80, 120 and twelve 100s -> 100; turns 24-30: 150
+    assert report[WINDOW_RATIO] == 1.5
     assert report["turns_without_reply"] == 1
     assert report["turn_problems"] == [{"call": "CA1", "turn": 9, "user_text": "", "error": None,
                                         "interrupted": False}]
@@ -41,4 +50,4 @@ def test_report_pools_calls_and_gives_turn_and_window_ratios() -> None:
 def test_short_runs_have_no_turn30_or_window_ratio() -> None:
     report = summarize_run([call("CA1", {2: 50.0, 8: 100.0}, turns=8)], turns=8, seconds=1.0)
     assert report["ttft_turn8_over_turn2"] == 2.0
-    assert report["ttft_turn30_over_turn2"] is None and report["ttft_last5_over_turns2to6"] is None
+    assert report["ttft_turn30_over_turn2"] is None and report[WINDOW_RATIO] is None

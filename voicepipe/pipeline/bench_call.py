@@ -5,7 +5,7 @@ Per run (one per N) the report holds p50/p95/p99 of
 - response: the server's end-of-turn decision -> the first agent audio handed to the transport,
 - the LLM TTFT of each turn (server side), and TTFT at the last turn (30 by default) over turn 2, the
   figure that shows whether the call's KV cache keeps later turns as cheap as early ones (and the same over
-  windows of five turns, less noisy).
+  windows of seven turns, less noisy).
 Caller utterances are made with espeak-ng; calls run against `--url`, or an in-process server.
 """
 
@@ -24,6 +24,10 @@ import numpy as np
 from voicepipe.server import serve_in_thread
 from voicepipe.transports.client import CallResult, Utterance, read_wav, run_call, utterance
 
+# The caller says these in turn. Seven of them: turn 30 says turn 2's sentence again (28 = 4 x 7) and any seven
+# consecutive turns say each one once, so the late-over-early TTFT ratios compare the same words early and late in
+# the call. A turn's TTFT depends on how many of its tokens are left to prefill, i.e. on its sentence; with ten
+# sentences turn 30 ("I want to cancel my subscription.") was a different, shorter turn than turn 2.
 SENTENCES = [
     "I want to book a table for dinner.",
     "Tell me about the weather in London.",
@@ -32,10 +36,9 @@ SENTENCES = [
     "Please send me the invoice.",
     "How do I reset my password?",
     "Where is the nearest hospital?",
-    "I lost my credit card.",
-    "Is the museum open on Sunday?",
-    "I want to cancel my subscription.",
 ]
+WINDOW = len(SENTENCES)  # turns per window of the window ratio: each sentence once
+WINDOW_RATIO = f"ttft_last{WINDOW}_over_turns2to{WINDOW + 1}"
 
 
 def stats(values: list[float]) -> dict[str, float | None]:
@@ -73,8 +76,8 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
     """One run's report: latencies over every turn of every call, per turn, and TTFT late over early.
 
     ``ttft_turn30_over_turn2`` divides one turn's TTFT p50 by another's: with one call, one sample by one sample.
-    ``ttft_last5_over_turns2to6`` divides the median of the last five turns by that of turns 2-6, which a noisy
-    machine moves less."""
+    The window ratio (``WINDOW_RATIO``) divides the median of the last ``WINDOW`` turns by that of as many turns
+    from turn 2, which a noisy machine moves less; it needs the two windows apart (``2 * WINDOW + 1`` turns)."""
     v2v, response, ttft = [], [], []
     per_turn: dict[int, dict[str, list[float]]] = {}
     for result in results:
@@ -96,7 +99,7 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
         return float(np.median(values)) if values else None
 
     t2, tl = ttft_median(2, 2), ttft_median(last, last)
-    early, late = ttft_median(2, 6), ttft_median(last - 4, last)
+    early, late = ttft_median(2, WINDOW + 1), ttft_median(last - WINDOW + 1, last)
     return {
         "calls": len(results),
         "turns": turns,
@@ -106,7 +109,7 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
         "ttft_ms": stats(ttft),
         f"ttft_turn{last}_over_turn2": round(tl / t2, 3) if t2 and tl else None,
         "ttft_turn30_over_turn2": round(tl / t2, 3) if t2 and tl and last == 30 else None,
-        "ttft_last5_over_turns2to6": round(late / early, 3) if early and late and last >= 11 else None,
+        WINDOW_RATIO: round(late / early, 3) if early and late and last >= 2 * WINDOW + 1 else None,
         "per_turn": [{"turn": k, **{f"{name}_ms_p50": stats(v)["p50"] for name, v in row.items()}}
                      for k, row in sorted(per_turn.items())],
         "turns_without_reply": sum(1 for r in results for t in r.turns if t.first_audio is None),
@@ -144,5 +147,5 @@ def _one_line(run: dict[str, Any]) -> str:
                   if key.startswith("ttft_turn") and key.endswith("_over_turn2") and value is not None), None)
     return (f"calls={run['calls']}: voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, response p50/p95 "
             f"{r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio} "
-            f"(last 5 / turns 2-6: {run['ttft_last5_over_turns2to6']}), "
+            f"(last {WINDOW} / turns 2-{WINDOW + 1}: {run[WINDOW_RATIO]}), "
             f"turns without reply {run['turns_without_reply']}")
