@@ -33,6 +33,7 @@ class FakeSTTStream:
         self.futures: list[Future] = []
         self.cancelled_turns = 0
         self.peeks = 0
+        self.resumes = 0  # resume() after a peek: the caller spoke again
         self.closed = False
         self.hold = False  # leave the final pending (the caller is "thinking")
 
@@ -49,6 +50,9 @@ class FakeSTTStream:
     def peek(self, end_sample=None) -> Future:
         self.peeks += 1
         return self.finish(end_sample)
+
+    def resume(self) -> None:
+        self.resumes += 1
 
     def cancel_turn(self) -> None:
         self.cancelled_turns += 1

@@ -519,6 +519,7 @@ def test_an_early_reply_is_dropped_when_the_caller_goes_on() -> None:
         await h.settle(lambda: h.engine.dropped)
         assert h.engine.dropped == [0] and h.engine.session.marks == []  # the turn left the LLM session
         assert h.stt.cancelled_turns == 0  # the STT turn goes on: its final covers both parts
+        assert h.stt.resumes == 1  # and its partials, held since the peek, resume
         h.push(300)
         h.push(20, h.ev("speech_end"))
         h.output.playing = True

@@ -251,6 +251,37 @@ def test_peek_transcribes_up_to_a_point_and_the_turn_goes_on() -> None:
     assert finals == [final] and stt.stats.finals_done == 1
 
 
+def test_after_a_peek_no_partials_until_the_caller_resumes() -> None:
+    """The early reply has the transcript: a partial falling due after the peek (or waiting for the worker) would
+    decode the same words again while the reply's LLM prefill needs the cores. Speech after resume() asks again."""
+    stt, fake = make(partial_interval_ms=100)
+    partials = []
+    stream = stt.open_stream(16000, on_partial=partials.append)
+    fake.gate.clear()  # hold the worker on the first partial, so a second request waits behind it
+    for _ in range(15):  # 300 ms of speech
+        stream.push(loud(0.02))
+    early = stream.peek()
+    fake.gate.set()
+    assert early.result(timeout=5).text == " ".join(f"w{i}" for i in range(3))
+    time.sleep(0.2)
+    held = len(fake.calls)
+    for _ in range(5):  # a soft tail, then the quiet a pause partial would fall due in
+        stream.push(loud(0.02))
+    for _ in range(10):
+        stream.push(np.zeros(320, np.float32))
+    time.sleep(0.2)
+    assert len(fake.calls) == held, fake.calls
+    stream.resume()
+    for _ in range(10):  # the caller goes on
+        stream.push(loud(0.02))
+    time.sleep(0.3)
+    resumed = len(fake.calls)
+    final = stream.finish().result(timeout=5)
+    stt.close()
+    assert resumed > held and partials[-1].text.startswith("w0 w1 w2 w3")
+    assert final.text.split()[-1] == f"w{(300 + 100 + 200 + 200) // 100 - 1}"
+
+
 def test_no_partials_over_silence_after_the_pause_one() -> None:
     """After speech stops, one partial at the pause; then silence asks for none (nothing new was said)."""
     stt, fake = make(partial_interval_ms=200)

@@ -334,6 +334,7 @@ class CallSession:
             self._hold_output(True)  # stop the agent's audio now; the barge-in decision comes a little later
         if self._early is not None:  # the caller goes on: the reply started at their pause is not wanted
             self._drop_early_reply()
+            self.stt.resume()
         if self._stt_turn_active:
             return
         # Start the STT turn at the speech start: hand it the buffered audio from there on.

@@ -71,6 +71,7 @@ class _Turn:
     loud: float = 0.0  # running peak of the chunk RMS (slowly decaying): how loud this caller's speech is
     quiet: int = 0  # samples since the audio last went above PAUSE_RATIO * loud
     pause_requested: bool = True  # a partial was already asked for in the current pause
+    peeked: bool = False  # an early reply has this turn's transcript: no partials until the caller speaks again
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -129,7 +130,7 @@ class TranscriptStream:
             # then), and a decode started in the quiet before a pause would hold up the pause's own decode.
             since = turn.n - turn.requested_at
             pause = self._pause_began(turn, audio)
-            due = pause or (since >= self.transcriber.partial_samples and turn.quiet == 0)
+            due = not turn.peeked and (pause or (since >= self.transcriber.partial_samples and turn.quiet == 0))
             if due and len(audio):
                 turn.requested_at = turn.n
         if due:
@@ -192,11 +193,19 @@ class TranscriptStream:
     def peek(self, end_sample: int | None = None) -> Future[Transcript]:
         """The transcript of the current turn up to `end_sample`, as `finish` would give it, but the turn goes on:
         the caller may resume, and a later `finish` covers all of it. (A call starts its reply early with this.)
-        No `on_final` callback; `final` is True because the text is final for the audio up to `end_sample`."""
+        No `on_final` callback; `final` is True because the text is final for the audio up to `end_sample`.
+        Until `resume()`, the turn asks for no partials: the caller said nothing new, and a decode then would take
+        the cores from the reply's LLM prefill (a pause partial can fall due just after the VAD's speech end)."""
         with self._lock:
             turn = self._turn
+            turn.peeked = True
             end = self._turn_end(turn, end_sample)
         return self.transcriber._submit_final(self, turn, end, peek=True)
+
+    def resume(self) -> None:
+        """The caller speaks again after a `peek`: partials resume."""
+        with self._lock:
+            self._turn.peeked = False
 
     def _turn_end(self, turn: _Turn, end_sample: int | None) -> int:
         """`end_sample` (stream input samples) as an index into the turn's 16 kHz buffer."""
@@ -411,7 +420,7 @@ class Transcriber:
         for stream in streams:
             with stream._lock:
                 turn = stream._turn
-                if turn.finished or turn.n == 0 or stream.closed:
+                if turn.finished or turn.peeked or turn.n == 0 or stream.closed:
                     continue
                 work.append((stream, turn, turn.audio(), turn.rolled))
         if not work:
