@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voicepipe.pipeline.bench_call import SENTENCES, WINDOW, WINDOW_RATIO, summarize_run
+from voicepipe.pipeline.bench_call import SENTENCES, WINDOW, WINDOW_RATIO, sentence_of_turn, summarize_run
 from voicepipe.transports.client import CallResult, ClientTurn
 
 
@@ -20,11 +20,9 @@ def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(),
 
 
 def test_turn_30_and_each_window_say_the_same_sentences_as_the_early_turns() -> None:
-    def sentence(turn: int) -> str:  # as make_utterances picks them
-        return SENTENCES[(turn - 1) % len(SENTENCES)]
-
-    assert sentence(30) == sentence(2)
-    assert sorted(map(sentence, range(24, 31))) == sorted(map(sentence, range(2, 2 + WINDOW))) == sorted(SENTENCES)
+    assert sentence_of_turn(30) == sentence_of_turn(2)
+    late, early = range(24, 31), range(2, 2 + WINDOW)
+    assert sorted(map(sentence_of_turn, late)) == sorted(map(sentence_of_turn, early)) == sorted(SENTENCES)
     assert WINDOW_RATIO == "ttft_last7_over_turns2to8"
 
 

@@ -49,11 +49,16 @@ def stats(values: list[float]) -> dict[str, float | None]:
             "p99": round(float(np.percentile(arr, 99)), 1), "n": len(values)}
 
 
+def sentence_of_turn(turn: int) -> str:
+    """What the caller says at ``turn`` (from 1)."""
+    return SENTENCES[(turn - 1) % len(SENTENCES)]
+
+
 def make_utterances(turns: int, directory: Path) -> list[Utterance]:
     cache: dict[str, Utterance] = {}
     out = []
-    for i in range(turns):
-        text = SENTENCES[i % len(SENTENCES)]
+    for turn in range(1, turns + 1):
+        text = sentence_of_turn(turn)
         if text not in cache:
             path = directory / f"u{len(cache)}.wav"
             subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
