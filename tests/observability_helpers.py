@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voicepipe.pipeline.session import CallRecord
+from voicepipe.observability.records import CallRecord
 
 
 def report_call(observer, call: CallRecord, end: bool = True) -> None:

@@ -44,6 +44,7 @@ class ModelsSettings(Section):
     tts: str = "piper-en_US-joe-medium"
     llm: str = "smollm2-135m-instruct"
     vad: str = "silero-vad-v6"
+    turn: str = "smart-turn-v3.2"  # the acoustic end-of-turn model (turn.acoustic)
 
 
 class DeviceSettings(Section):
@@ -75,6 +76,25 @@ class VADSettings(Section):
     min_silence_ms: int = Field(160, ge=0, le=5000)  # silence that ends a speech segment
     padding_ms: int = Field(20, ge=0, le=1000)  # added before speech_start and after speech_end
     end_of_turn_silence_ms: int = Field(600, ge=0, le=10000)  # silence after speech_end that ends the turn
+
+
+class TurnSettings(Section):
+    """The end-of-turn policy (voicepipe/turns/policy.py): how long the caller's silence lasts before the agent
+    answers, from the silence itself, the text so far (the call's LLM) and the sound of the speech (Smart Turn)."""
+
+    # silence: a fixed vad.end_of_turn_silence_ms (the old rule); text / acoustic / hybrid: a wait set by the evidence
+    policy: Literal["silence", "text", "acoustic", "hybrid"] = "hybrid"
+    # The acoustic model (models.turn): "on" refuses to start without it, "auto" logs and goes on without it
+    # (hybrid and acoustic then use the text alone), "off" never loads it.
+    acoustic: Literal["auto", "on", "off"] = "auto"
+    short_wait_ms: int = Field(200, ge=0, le=10000)  # silence that ends a turn the evidence calls complete
+    middle_wait_ms: int = Field(700, ge=0, le=10000)  # ... when the evidence is unsure (or not there yet)
+    long_wait_ms: int = Field(2500, ge=0, le=30000)  # ... when it says the caller is mid-thought
+    # P(complete) at or above *_complete: complete; below *_incomplete: mid-thought; in between: unsure
+    text_complete: float = Field(0.5, ge=0.0, le=1.0)
+    text_incomplete: float = Field(0.1, ge=0.0, le=1.0)
+    acoustic_complete: float = Field(0.5, ge=0.0, le=1.0)
+    acoustic_incomplete: float = Field(0.2, ge=0.0, le=1.0)
 
 
 class STTSettings(Section):
@@ -196,6 +216,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     paths: PathsSettings = Field(default_factory=PathsSettings)
     vad: VADSettings = Field(default_factory=VADSettings)
+    turn: TurnSettings = Field(default_factory=TurnSettings)
     stt: STTSettings = Field(default_factory=STTSettings)
     tts: TTSSettings = Field(default_factory=TTSSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)

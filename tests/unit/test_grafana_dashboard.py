@@ -15,7 +15,7 @@ from voicepipe.llm.request import Request, RequestStats
 from voicepipe.llm.sampling import SamplingParams
 from voicepipe.llm.session import Session
 from voicepipe.observability.metrics import Metrics
-from voicepipe.pipeline.session import CallRecord, TurnRecord
+from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.server import create_app
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "voicepipe.json"

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from tests.observability_helpers import report_call
 from voicepipe.config import load_settings
+from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.store import CallStore
 from voicepipe.observability.timeline import EVENTS, derive_timings
-from voicepipe.pipeline.session import CallRecord, TurnRecord
 from voicepipe.server import create_app
 
 

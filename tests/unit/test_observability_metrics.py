@@ -12,7 +12,7 @@ from voicepipe.llm.sampling import SamplingParams
 from voicepipe.llm.session import Session
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.metrics import Metrics, turn_bucket
-from voicepipe.pipeline.session import CallRecord, TurnRecord
+from voicepipe.observability.records import CallRecord, TurnRecord
 
 V2V = "voicepipe_voice_to_voice_seconds"
 TTFT = "voicepipe_llm_ttft_seconds"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.observability_helpers import report_call
+from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.store import CallStore, connect
 from voicepipe.observability.store_schema import MIGRATIONS, SchemaError, migrate, schema_version
-from voicepipe.pipeline.session import CallRecord, TurnRecord
 
 
 def make_call(call_id: str, transport: str = "twilio", started: float | None = None, v2v: list[float] = (),

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from voicepipe.observability.recorder import RATE, CallRecorder, recording_dir
-from voicepipe.pipeline.session import CallRecord
+from voicepipe.observability.records import CallRecord
 
 
 def record(call_id: str = "CA123", **metadata) -> CallRecord:

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from tests.metrics_helpers import Scrape
 from voicepipe.config import Settings
 from voicepipe.observability.metrics import Metrics
-from voicepipe.pipeline.session import CallRecord, TurnRecord
+from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.server import create_app
 
 NO_STORE = {"store": False}  # these apps only serve /metrics: no call store file

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from voicepipe.pipeline.session import CallRecord, TurnRecord
+    from voicepipe.observability.records import CallRecord, TurnRecord
 
 log = logging.getLogger(__name__)
 

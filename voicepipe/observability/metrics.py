@@ -32,7 +32,7 @@ from voicepipe.observability.metrics_live import LiveCollector
 if TYPE_CHECKING:
     from voicepipe.llm.request import Request
     from voicepipe.llm.session import Session
-    from voicepipe.pipeline.session import CallRecord, TurnRecord
+    from voicepipe.observability.records import CallRecord, TurnRecord
 
 CALL_TIER = "priority"  # the tier every call's LLM requests use
 API_TRANSPORT = "http"  # the transport label of sessionless requests (the OpenAI API)

@@ -24,7 +24,7 @@ from voicepipe.observability.store_writer import StoreWriter
 
 if TYPE_CHECKING:
     from voicepipe.config import Settings
-    from voicepipe.pipeline.session import CallRecord, TurnRecord
+    from voicepipe.observability.records import CallRecord, TurnRecord
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from voicepipe.pipeline.session import CallRecord, TurnRecord
+    from voicepipe.observability.records import CallRecord, TurnRecord
 
 CALL_COLUMNS = ("id", "transport", "started", "ended", "outcome", "end_reason", "metadata", "system_prompt",
                 "greeting", "greeting_heard", "barge_ins", "error")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from voicepipe.pipeline.session import CallRecord, CallSession
+from voicepipe.observability.records import CallRecord
+from voicepipe.pipeline.session import CallSession
 
 
 class CallRegistry:

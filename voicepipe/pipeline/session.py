@@ -39,6 +39,7 @@ import numpy as np
 from voicepipe.audio import StreamResampler
 from voicepipe.config import CallSettings, Settings
 from voicepipe.observability.hooks import Observers
+from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.timeline import derive_timings
 from voicepipe.pipeline.resources import CallResources
 from voicepipe.vad.boundary import audible_end
@@ -86,49 +87,6 @@ class AgentOutput(Protocol):
 
     # A transport also reports back to the call: `CallSession.agent_audio_sent(turn, samples, rate)` as it sends
     # agent audio, and `CallSession.note(event_type, **data)` for its own events (marks, clears).
-
-
-@dataclass
-class TurnRecord:
-    """One caller turn and the agent's answer, as the server saw them."""
-
-    turn: int
-    user_text: str = ""
-    agent_text: str = ""  # everything generated
-    heard_text: str | None = None  # set when the reply was interrupted: what the caller heard
-    interrupted: bool = False
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    output_tokens: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)  # derived figures (observability/hooks.py)
-    timeline: dict[str, float] = field(default_factory=dict)  # event -> seconds since the call started
-    error: str | None = None
-
-
-@dataclass
-class CallRecord:
-    """What is kept of a call once it has ended (text and numbers only; no audio, no KV)."""
-
-    call_id: str
-    transport: str
-    started: float = field(default_factory=time.time)
-    started_mono: float = field(default_factory=time.monotonic)  # the zero of every timeline
-    ended: float | None = None
-    end_reason: str | None = None
-    outcome: str | None = None  # "completed", "dropped" (the client vanished), "idle_timeout", "error"
-    metadata: dict[str, Any] = field(default_factory=dict)  # what the caller's start message carried
-    system_prompt: str = ""
-    greeting: str | None = None
-    greeting_heard: str | None = None
-    turns: list[TurnRecord] = field(default_factory=list)
-    history: list[dict[str, str]] = field(default_factory=list)
-    barge_ins: int = 0
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
 
 
 @dataclass
