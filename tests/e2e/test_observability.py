@@ -107,7 +107,7 @@ def test_the_store_holds_what_the_call_recorded(called) -> None:
     assert [t["turn"] for t in call["turns"]] == [t["turn"] for t in live["turns"]] == [1, 2, 3]
     for stored, recorded in zip(call["turns"], live["turns"], strict=True):
         for name in ("user_text", "agent_text", "heard_text", "interrupted", "prompt_tokens", "cached_prompt_tokens",
-                     "output_tokens", "timings_ms", "timeline", "error"):
+                     "output_tokens", "timings_ms", "timeline", "error", "decision", "reopened", "backchannels"):
             assert stored[name] == recorded[name], (stored["turn"], name, stored[name], recorded[name])
     for turn, key in zip(call["turns"], ("dinner", "london", "capital"), strict=True):
         assert key in turn["user_text"].lower(), (key, turn["user_text"])

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.metrics_helpers import Scrape, StatsOnly
+from tests.observability_helpers import decide
 from voicepipe.config import Settings
 from voicepipe.llm.request import Request, RequestStats
 from voicepipe.llm.sampling import SamplingParams
@@ -49,13 +50,14 @@ def exported() -> Scrape:
 
 @pytest.fixture(scope="module")
 def labelled() -> Scrape:
-    """Metrics with a sample in every family (a turn, an interrupted and failed turn, a call, an API request and
-    an engine), so each metric's label names can be seen."""
+    """Metrics with a sample in every family (an interrupted and failed turn whose end was reopened once, a call,
+    an API request and an engine), so each metric's label names can be seen."""
     metrics = Metrics(engine=StatsOnly)
     call = CallRecord("c-1", "twilio")
     metrics.call_started(call)
-    metrics.turn_finished(call, TurnRecord(1, interrupted=True, error="boom", timings_ms={
-        "voice_to_voice": 500.0, "response": 400.0, "stt_final": 100.0, "tts_first_audio": 50.0, "send_delay": 1.0}))
+    metrics.turn_finished(call, decide(TurnRecord(1, interrupted=True, error="boom", timings_ms={
+        "voice_to_voice": 500.0, "response": 400.0, "stt_final": 100.0, "tts_first_audio": 50.0, "send_delay": 1.0}),
+        reopened=1))
     metrics.event(call, {"t": 1.0, "type": "barge_in", "turn": 1})
     metrics.call_started(CallRecord("c-2", "twilio"))
     call.outcome = "completed"
@@ -69,7 +71,8 @@ def labelled() -> Scrape:
 def test_the_dashboard_has_the_panels_the_operators_need():
     titles = " | ".join(panel["title"] for panel in dashboard()["panels"]).lower()
     for needed in ("voice-to-voice p50 / p95 by transport", "ttft p95 by turn", "inter-token", "queue time",
-                   "kv cache blocks", "calls", "prefix-cache hit rate", "barge-ins", "errors"):
+                   "kv cache blocks", "calls", "prefix-cache hit rate", "barge-ins", "errors",
+                   "end-of-turn wait p50 / p95 by policy", "reopened turns"):
         assert needed in titles
     for panel in dashboard()["panels"]:
         assert panel["targets"], f"panel {panel['title']!r} has no query"

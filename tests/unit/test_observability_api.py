@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.observability_helpers import report_call
+from tests.observability_helpers import REOPENED, decide, decision, report_call
 from voicepipe.config import load_settings
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.store import CallStore
@@ -44,6 +44,7 @@ def served(tmp_path: Path):
                           greeting_heard="Hi there.")
         call.turns = [full_turn(n, n * 10.0) for n in (1, 2, 3)]
         call.turns[1].interrupted, call.turns[1].heard_text = True, "Agent reply"
+        decide(call.turns[2], reopened=1, backchannels=("mm-hm", "yeah"))  # turns 1 and 2 have no decision
         call.barge_ins = 1
         report_call(app.state.observers, call)
         other = CallRecord("call-2", "native", started=time.time() - 3 * 86400)
@@ -73,6 +74,11 @@ def test_api_lists_and_gets_calls(served) -> None:
     assert call["turns"][1]["interrupted"] is True and call["turns"][1]["heard_text"] == "Agent reply"
     assert set(call["turns"][0]["timeline"]) == set(EVENTS)
     assert call["metadata"] == {"from": "+15550100"} and call["recording"] is False
+    last = call["turns"][2]
+    assert last["decision"] == decision() and last["reopened"] == [REOPENED]
+    assert last["backchannels"] == ["mm-hm", "yeah"]
+    assert [(t["decision"], t["reopened"], t["backchannels"]) for t in call["turns"][:2]] == [({}, [], [])] * 2
+    assert not {"decision", "reopened", "backchannels"} & set(calls[0])  # the list adds nothing
 
 
 @pytest.mark.parametrize("query", [{"limit": 0}, {"limit": 100000}, {"since": "yesterday"}])
@@ -150,6 +156,23 @@ def test_the_call_page_draws_one_bar_group_per_turn(served) -> None:
     fallback = client.get("/dashboard/calls/call-2").text
     body = re.search(r'<g class="turn" data-turn="1">(.*?)</g>', fallback).group(1)
     assert re.findall(r'data-stage="(\w+)"', body) == ["end_of_turn", "stt", "prefill"]
+
+
+def test_the_call_page_says_what_ended_each_turn_and_marks_reopens_and_backchannels(served) -> None:
+    client, _ = served
+    page = client.get("/dashboard/calls/call-1").text
+    groups = dict(re.findall(r'<g class="turn[^"]*" data-turn="(\d+)">(.*?)</g>', page))
+    wait = re.search(r'data-stage="end_of_turn".*?<title>(.*?)</title>', groups["3"]).group(1)
+    assert wait.endswith("— hybrid: text and sound say complete · text 0.91 · sound 0.88 · waited 212 ms"
+                         " · reopened ×1"), wait
+    assert re.search(r'data-stage="end_of_turn".*?<title>turn 1: end-of-turn wait \d+ ms</title>', groups["1"])
+    items = dict(re.findall(r'<li class="turn[^"]*" data-turn="(\d+)">(.*?)</li>', page))
+    assert "end of turn: hybrid: text and sound say complete" in items["3"]
+    assert "↺ reopened ×1" in items["3"]
+    assert "at 4.2 s: text: text says complete · text 0.62 · waited 320 ms" in items["3"]  # in the mark's tooltip
+    assert '<span class="backchannel"' in items["3"] and "“mm-hm” · “yeah”" in items["3"]
+    for plain in ("1", "2"):  # no decision, nothing reopened, no backchannel: rendered as before
+        assert not re.search(r'class="(decision|reopened|backchannel)"', items[plain])
 
 
 def test_pages_load_nothing_from_other_hosts(served) -> None:

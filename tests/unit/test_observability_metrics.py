@@ -7,6 +7,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.metrics_helpers import Scrape, StatsOnly
+from tests.observability_helpers import decide, decision
 from voicepipe.llm.request import Request, RequestStats
 from voicepipe.llm.sampling import SamplingParams
 from voicepipe.llm.session import Session
@@ -59,6 +60,25 @@ def test_turn_latencies_in_seconds_labelled_with_the_calls_tier_and_transport():
     assert s.bucket("voicepipe_send_delay_seconds", 0.05, **labels) == 1
     assert s.value(TTFT + "_count") == 0  # the engine reports each request's TTFT and queue time (not twice)
     assert s.label_names(V2V + "_count") == {"tier", "transport"}
+
+
+def test_end_of_turn_waits_by_policy_and_reopened_turns_by_transport():
+    metrics = Metrics()
+    twilio, native = CallRecord("c-1", "twilio"), CallRecord("c-2", "native")
+    metrics.turn_finished(twilio, decide(TurnRecord(1), reopened=2))  # hybrid, 212 ms
+    metrics.turn_finished(twilio, TurnRecord(2, decision=decision("silence", "silence", 640.0, 600.0, None, None)))
+    metrics.turn_finished(twilio, TurnRecord(3))  # ended without a decision (end of stream): no wait
+    metrics.turn_finished(native, decide(TurnRecord(1), reopened=1))
+    s = scrape(metrics)
+    wait = "voicepipe_end_of_turn_wait_seconds"
+    assert s.value(wait + "_count", transport="twilio") == 2 and s.value(wait + "_count") == 3
+    assert s.value(wait + "_sum", policy="hybrid", transport="twilio") == pytest.approx(0.212)
+    assert s.bucket(wait, 0.2, policy="hybrid") == 0 and s.bucket(wait, 0.25, policy="hybrid") == 2
+    assert s.bucket(wait, 0.6, policy="silence") == 0 and s.bucket(wait, 0.7, policy="silence") == 1
+    assert s.label_names(wait + "_count") == {"policy", "transport"}
+    assert s.value("voicepipe_turns_reopened_total", transport="twilio") == 2
+    assert s.value("voicepipe_turns_reopened_total", transport="native") == 1
+    assert s.label_names("voicepipe_turns_reopened_total") == {"transport"}
 
 
 def test_barge_ins_and_turn_errors_are_counted():

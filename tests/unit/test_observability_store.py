@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.observability_helpers import report_call
+from tests.observability_helpers import REOPENED, decide, decision, report_call
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.store import CallStore, connect
 from voicepipe.observability.store_schema import MIGRATIONS, SchemaError, migrate, schema_version
@@ -65,6 +65,48 @@ def test_migrations_apply_in_order_keep_data_and_roll_back_whole(tmp_path: Path)
     with pytest.raises(SchemaError, match="newer"):
         migrate(conn, [v1])
     conn.close()
+
+
+def test_a_version_1_file_is_migrated_and_keeps_its_rows(db: Path) -> None:
+    db.parent.mkdir(parents=True)
+    conn = connect(db)
+    migrate(conn, MIGRATIONS[:1])
+    conn.execute("INSERT INTO calls (id, transport, started, outcome) VALUES ('old', 'twilio', ?, 'completed')",
+                 (time.time(),))
+    conn.execute("INSERT INTO turns (call_id, turn, user_text, voice_to_voice_ms, timings_ms) "
+                 """VALUES ('old', 1, 'hello', 640.0, '{"voice_to_voice":640.0}')""")
+    conn.close()
+
+    store = CallStore(db)
+    call = store.get_call("old")
+    report_call(store, make_call("new", v2v=[500.0]))  # and the new columns take new turns
+    store.close()
+    conn = connect(db)
+    assert schema_version(conn) == len(MIGRATIONS)
+    conn.close()
+    assert call["outcome"] == "completed" and call["voice_to_voice_ms"]["p50"] == 640.0
+    (turn,) = call["turns"]
+    assert turn["user_text"] == "hello" and turn["timings_ms"] == {"voice_to_voice": 640.0}
+    assert turn["decision"] == {} and turn["reopened"] == [] and turn["backchannels"] == []
+
+
+def test_a_turns_decision_reopens_and_backchannels_are_kept_and_the_decision_can_be_queried(db: Path) -> None:
+    store = CallStore(db)
+    call = make_call("c-1", v2v=[500.0, 600.0, 700.0])
+    decide(call.turns[0], reopened=2, backchannels=("mm-hm", "yeah"))
+    call.turns[1].decision = decision("silence", "silence", 612.0, 600.0, None, None)  # turn 3: none (end of stream)
+    report_call(store, call)
+    turns = store.get_call("c-1")["turns"]
+    store.close()
+    assert turns[0]["decision"] == decision() and turns[0]["reopened"] == [REOPENED, REOPENED]
+    assert turns[0]["backchannels"] == ["mm-hm", "yeah"]
+    assert turns[1]["decision"]["text_prob"] is None and turns[1]["decision"]["silence_ms"] == 612.0
+    assert turns[2]["decision"] == {} and turns[2]["reopened"] == [] and turns[2]["backchannels"] == []
+    assert not any(key.startswith("decision_") for key in turns[0])
+    with sqlite3.connect(str(db)) as conn:
+        rows = conn.execute("SELECT turn, decision_policy, decision_silence_ms FROM turns "
+                            "WHERE decision_text_prob > 0.9 OR decision_policy = 'silence' ORDER BY turn").fetchall()
+    assert rows == [(1, "hybrid", 212.0), (2, "silence", 612.0)]
 
 
 def test_the_store_survives_a_restart(db: Path) -> None:

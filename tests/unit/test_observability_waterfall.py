@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.observability_helpers import decision
 from voicepipe.observability.timeline import EVENTS, derive_timings
-from voicepipe.observability.waterfall import STAGES, turn_stages, waterfall_svg
+from voicepipe.observability.waterfall import STAGES, decision_summary, turn_stages, waterfall_svg
 
 # A plausible turn: seconds since the call started for each event, in order.
 TIMELINE = dict(zip(EVENTS, [3.0, 4.2, 4.36, 3.5, 4.36, 4.40, 4.40, 4.43, 4.61, 4.85, 4.97, 4.98, 7.5], strict=True))
@@ -53,3 +54,11 @@ def test_thirty_turns_with_flat_ttft_draw_thirty_aligned_bars_of_one_width() -> 
     assert svg.count('<g class="turn"') == 30
     prefill = re.findall(r'data-stage="prefill" data-ms="[\d.]+" x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', svg)
     assert len(prefill) == 30 and len(set(prefill)) == 1, set(prefill)  # same start, same width on every row
+
+
+def test_a_decision_in_a_line_names_only_what_it_has() -> None:
+    hybrid, silence = decision(), decision("silence", "no speech for long enough", 612.4, 600.0, None, None)
+    assert decision_summary(hybrid) == "hybrid: text and sound say complete · text 0.91 · sound 0.88 · waited 212 ms"
+    assert decision_summary(silence) == "silence: no speech for long enough · waited 612 ms"
+    assert decision_summary({"policy": "acoustic", "acoustic_prob": float("nan")}) == "acoustic"
+    assert decision_summary({}) == ""

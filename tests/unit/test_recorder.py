@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.observability_helpers import decision
 from voicepipe.observability.recorder import RATE, CallRecorder, recording_dir
 from voicepipe.observability.records import CallRecord
 
@@ -71,6 +72,20 @@ def test_channels_are_time_aligned_and_a_clear_removes_unheard_agent_audio(tmp_p
     assert lines[0]["system_prompt"] == "Be brief." and lines[0]["sample_rate"] == RATE
     assert [e["type"] for e in lines[1:]] == ["clear", "call_end"]
     assert lines[-1]["outcome"] == "completed"
+
+
+def test_end_of_turn_decisions_and_reopens_are_written_as_they_come(tmp_path: Path) -> None:
+    recorder = CallRecorder(tmp_path, record_all=True)
+    call = record()
+    recorder.call_started(call)
+    reported = [{"t": 1.2, "type": "turn_decision", "turn": 1, **decision("text", "text says complete")},
+                {"t": 1.5, "type": "turn_reopened", "turn": 1, "decision": decision("text", "text says complete")},
+                {"t": 2.4, "type": "turn_decision", "turn": 1, **decision()}]
+    for event in reported:
+        recorder.event(call, event)
+    recorder.call_ended(call)
+    recorder.close()
+    assert events(tmp_path / "CA123" / "events.jsonl")[1:-1] == reported
 
 
 def test_the_files_are_valid_while_the_call_is_still_running(tmp_path: Path) -> None:

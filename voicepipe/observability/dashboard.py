@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from voicepipe.observability.api import MAX_LIMIT, call_store, recording_path
-from voicepipe.observability.waterfall import legend_html, waterfall_svg
+from voicepipe.observability.waterfall import decision_summary, legend_html, waterfall_svg
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "dashboard"
 STATIC_PREFIX = "/static/dashboard"
@@ -115,6 +115,28 @@ def _agent_line(text: str, heard: str | None, interrupted: bool) -> str:
     return out
 
 
+def _reopened(turn: dict[str, Any]) -> str:
+    """A mark for the decisions the caller's speech reopened, each in its tooltip."""
+    reopened = turn.get("reopened") or []
+    if not reopened:
+        return ""
+    earlier = []
+    for d in reopened:
+        t = d.get("t")
+        earlier.append((f"at {t:.1f} s: " if isinstance(t, int | float) else "") + decision_summary(d))
+    tooltip = "ended, then the caller went on: " + "; ".join(earlier)
+    return (f' <span class="reopened" title="{escape(tooltip)}">'
+            f'↺ reopened ×{len(reopened)}</span>')
+
+
+def _backchannels(turn: dict[str, Any]) -> str:
+    said = turn.get("backchannels") or []
+    if not said:
+        return ""
+    words = " · ".join(f"“{escape(str(w))}”" for w in said)
+    return f' <span class="backchannel" title="the caller said this over the reply without stopping it">{words}</span>'
+
+
 def _transcript(call: dict[str, Any]) -> str:
     items = []
     if call.get("greeting"):
@@ -126,11 +148,13 @@ def _transcript(call: dict[str, Any]) -> str:
         figures = " · ".join(f"{k.replace('_', ' ')} {v:.0f} ms" for k, v in t["timings_ms"].items()
                              if isinstance(v, int | float))
         error = f'<div class="error">error: {escape(t["error"])}</div>' if t.get("error") else ""
+        decided = decision_summary(t.get("decision") or {})
+        decided = f'<div class="decision">end of turn: {escape(decided)}</div>' if decided else ""
         classes = "turn interrupted" if t["interrupted"] else "turn"
         items.append(f'<li class="{classes}" data-turn="{t["turn"]}">'
-                     f'<div><span class="who">caller</span>{escape(t["user_text"])}</div>'
+                     f'<div><span class="who">caller</span>{escape(t["user_text"])}{_reopened(t)}</div>{decided}'
                      f'<div><span class="who">agent</span>'
-                     f'{_agent_line(t["agent_text"], t.get("heard_text"), t["interrupted"])}</div>'
+                     f'{_agent_line(t["agent_text"], t.get("heard_text"), t["interrupted"])}{_backchannels(t)}</div>'
                      f'<div class="figures">{escape(figures)} · tokens: prompt {t["prompt_tokens"]} '
                      f'(cached {t["cached_prompt_tokens"]}), output {t["output_tokens"]}</div>{error}</li>')
     return "\n".join(items) or "<li>no turns</li>"

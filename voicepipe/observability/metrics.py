@@ -4,15 +4,16 @@ Every app owns its `Metrics` with its own `CollectorRegistry` (never the global 
 process do not collide. Two sources feed it:
 
 - the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio, send
-  delay, turn errors; `event` "barge_in" (the greeting's too); `call_started`/`call_ended`: active calls, calls by
-  outcome, call errors);
+  delay, the end-of-turn wait, reopened turns, turn errors; `event` "barge_in" (the greeting's too);
+  `call_started`/`call_ended`: active calls, calls by outcome, call errors);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
   and API requests' alike, so each request is counted once).
 
 Labels: ``tier`` and ``transport`` (a call's turns: tier "priority" and the call's transport; a sessionless
 request, i.e. the OpenAI API: its tier and "http"). TTFT also has ``turn``, the request's turn-number bucket
-(`turn_bucket`), so a TTFT that stays flat over a long call shows on a graph. Gauges and engine counters
-(`metrics_live.LiveCollector`) are read at scrape time, so they are never stale.
+(`turn_bucket`), so a TTFT that stays flat over a long call shows on a graph; the end-of-turn wait has ``policy``
+and ``transport``. Gauges and engine counters (`metrics_live.LiveCollector`) are read at scrape time, so they are
+never stale.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
                2.0)
 QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# The caller's silence when the end-of-turn decision ends a turn: turn.*_wait_ms puts it at 0.2 s (complete),
+# 0.7 s (unsure) and 2.5 s (mid-thought) by default, a little more as the decision waits for its evidence.
+END_OF_TURN_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
+                       4.0, 6.0, 10.0)
 
 TURN_BUCKETS = ((1, "1"), (5, "2-5"), (15, "6-15"), (30, "16-30"))
 LAST_TURN_BUCKET = "31+"
@@ -93,6 +98,11 @@ class Metrics:
                                "scheduled step.", labels, buckets=QUEUE_BUCKETS, registry=self.registry)
         self.requests = Counter("voicepipe_llm_requests", "LLM requests ended, by finish reason (stop, length, "
                                 "cancelled, error).", [*labels, "reason"], registry=self.registry)
+        self.end_of_turn_wait = Histogram("voicepipe_end_of_turn_wait_seconds", "The caller's silence when the "
+                                          "end-of-turn decision ended the turn, by policy.", ["policy", "transport"],
+                                          buckets=END_OF_TURN_BUCKETS, registry=self.registry)
+        self.reopens = Counter("voicepipe_turns_reopened", "End-of-turn decisions the caller's speech reopened "
+                               "(the turn went on).", ["transport"], registry=self.registry)
         self.barge_ins = Counter("voicepipe_barge_ins", "Agent replies (the greeting too) the caller interrupted.",
                                  ["transport"], registry=self.registry)
         self.calls = Counter("voicepipe_calls", "Calls ended, by outcome.", ["transport", "outcome"],
@@ -153,6 +163,11 @@ class Metrics:
             ms = turn.timings_ms.get(key)
             if ms is not None:
                 histogram.labels(CALL_TIER, call.transport).observe(ms / 1000.0)
+        silence_ms = turn.decision.get("silence_ms")
+        if silence_ms is not None:
+            policy = turn.decision.get("policy") or "unknown"
+            self.end_of_turn_wait.labels(policy, call.transport).observe(silence_ms / 1000.0)
+        self.reopens.labels(call.transport).inc(len(turn.reopened))
         if turn.error:
             self.count_error("turn")
 

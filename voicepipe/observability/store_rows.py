@@ -19,13 +19,33 @@ if TYPE_CHECKING:
 
 CALL_COLUMNS = ("id", "transport", "started", "ended", "outcome", "end_reason", "metadata", "system_prompt",
                 "greeting", "greeting_heard", "barge_ins", "error")
+# TurnRecord.decision's keys; each has a column of its own, "decision_<key>", so decisions can be queried
+DECISION_KEYS = ("policy", "action", "reason", "silence_ms", "wait_ms", "text_prob", "acoustic_prob")
+_DECISION_TEXT_KEYS = ("policy", "action", "reason")
 TURN_COLUMNS = ("call_id", "turn", "user_text", "agent_text", "heard_text", "interrupted", "prompt_tokens",
-                "cached_prompt_tokens", "output_tokens", "voice_to_voice_ms", "timings_ms", "timeline", "error")
-JSON_COLUMNS = ("metadata", "timings_ms", "timeline")
+                "cached_prompt_tokens", "output_tokens", "voice_to_voice_ms", "timings_ms", "timeline", "error",
+                *(f"decision_{key}" for key in DECISION_KEYS), "reopened", "backchannels")
+JSON_COLUMNS = {"metadata": dict, "timings_ms": dict, "timeline": dict, "reopened": list, "backchannels": list}
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, default=str, separators=(",", ":"))  # default=str: metadata may hold anything
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _decision_columns(decision: dict[str, Any]) -> dict[str, Any]:
+    """The decision's columns: texts as text, figures as finite floats, NULL for what it lacks."""
+    columns = {}
+    for key in DECISION_KEYS:
+        value = decision.get(key)
+        if key in _DECISION_TEXT_KEYS:
+            columns[f"decision_{key}"] = None if value is None else str(value)
+        else:
+            columns[f"decision_{key}"] = _finite(value)
+    return columns
 
 
 def call_row(call: CallRecord) -> dict[str, Any]:
@@ -36,13 +56,14 @@ def call_row(call: CallRecord) -> dict[str, Any]:
 
 
 def turn_row(call_id: str, turn: TurnRecord) -> dict[str, Any]:
-    v2v = turn.timings_ms.get("voice_to_voice")
     return {"call_id": call_id, "turn": int(turn.turn), "user_text": turn.user_text or "",
             "agent_text": turn.agent_text or "", "heard_text": turn.heard_text, "interrupted": int(turn.interrupted),
             "prompt_tokens": int(turn.prompt_tokens), "cached_prompt_tokens": int(turn.cached_prompt_tokens),
             "output_tokens": int(turn.output_tokens),
-            "voice_to_voice_ms": float(v2v) if isinstance(v2v, int | float) and math.isfinite(v2v) else None,
-            "timings_ms": _json(turn.timings_ms), "timeline": _json(turn.timeline), "error": turn.error}
+            "voice_to_voice_ms": _finite(turn.timings_ms.get("voice_to_voice")),
+            "timings_ms": _json(turn.timings_ms), "timeline": _json(turn.timeline), "error": turn.error,
+            **_decision_columns(turn.decision or {}), "reopened": _json(turn.reopened or []),
+            "backchannels": _json(turn.backchannels or [])}
 
 
 def upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
@@ -58,13 +79,17 @@ UPSERT_TURN = upsert_sql("turns", TURN_COLUMNS, ("call_id", "turn"))
 
 
 def row_dict(row: sqlite3.Row) -> dict[str, Any]:
-    """A row as JSON-able data: JSON columns parsed, flags as booleans."""
+    """A row as JSON-able data: JSON columns parsed, flags as booleans, a turn's decision columns as its
+    `decision` dict (the record's shape; {} when it had none)."""
     out = dict(row)
-    for name in JSON_COLUMNS:
+    for name, empty in JSON_COLUMNS.items():
         if name in out:
-            out[name] = json.loads(out[name]) if out[name] else {}
+            out[name] = json.loads(out[name]) if out[name] else empty()
     if "interrupted" in out:
         out["interrupted"] = bool(out["interrupted"])
+    if "decision_policy" in out:
+        decision = {key: out.pop(f"decision_{key}") for key in DECISION_KEYS}
+        out["decision"] = decision if any(v is not None for v in decision.values()) else {}
     return out
 
 

@@ -47,6 +47,18 @@ MIGRATIONS: list[Migration] = [
             PRIMARY KEY (call_id, turn)
         )""",
     ],
+    # 2: each turn's end-of-turn decision (all NULL: none, as for turns stored before), its reopens and backchannels
+    [
+        "ALTER TABLE turns ADD COLUMN decision_policy TEXT",  # silence | text | acoustic | hybrid
+        "ALTER TABLE turns ADD COLUMN decision_action TEXT",
+        "ALTER TABLE turns ADD COLUMN decision_reason TEXT",
+        "ALTER TABLE turns ADD COLUMN decision_silence_ms REAL",  # the caller's silence when it was taken
+        "ALTER TABLE turns ADD COLUMN decision_wait_ms REAL",  # the silence its evidence asked for
+        "ALTER TABLE turns ADD COLUMN decision_text_prob REAL",
+        "ALTER TABLE turns ADD COLUMN decision_acoustic_prob REAL",
+        "ALTER TABLE turns ADD COLUMN reopened TEXT NOT NULL DEFAULT '[]'",  # JSON: earlier decisions, each with t
+        "ALTER TABLE turns ADD COLUMN backchannels TEXT NOT NULL DEFAULT '[]'",  # JSON: said over the reply
+    ],
 ]
 
 

@@ -5,7 +5,8 @@ stopped speaking (ms). It reads the turn's timeline (seconds since the call star
 `observability/hooks.py`) and falls back to the derived figures (`timings_ms`) for turns stored without
 one. An early reply's stages (calls.preemptive_generation) overlap the end-of-turn wait.
 `waterfall_svg()` draws one `<g class="turn" data-turn="N">` row per turn on a scale shared by every row,
-so a flat (or growing) TTFT across 30 turns shows at a glance.
+so a flat (or growing) TTFT across 30 turns shows at a glance; the end-of-turn wait's tooltip says what the
+turn's end-of-turn decision saw (`decision_summary()`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 # (key, label, start event, end event), in pipeline order. A missing start event starts the stage where the
 # previous one ended; a missing end event leaves the stage out.
 STAGES: list[tuple[str, str, str, str]] = [
-    ("end_of_turn", "end-of-turn detection", "speech_end", "end_of_turn"),
+    ("end_of_turn", "end-of-turn wait", "speech_end", "end_of_turn"),
     ("stt", "STT final transcript", "stt_requested", "final_transcript"),
     ("queue", "LLM queue", "llm_queued", "prefill_start"),
     ("prefill", "prefill → first token (TTFT)", "prefill_start", "first_token"),
@@ -88,6 +89,32 @@ def _from_figures(ms: dict[str, Any]) -> list[Segment]:
     return segments
 
 
+def decision_summary(decision: dict[str, Any]) -> str:
+    """An end-of-turn decision in a line: "hybrid: text and sound say complete · text 0.91 · sound 0.88 · waited
+    212 ms" ("" for none)."""
+    head = ": ".join(str(decision[key]) for key in ("policy", "reason") if decision.get(key))
+    parts = [head] if head else []
+    for key, name in (("text_prob", "text"), ("acoustic_prob", "sound")):
+        prob = _number(decision.get(key))
+        if prob is not None:
+            parts.append(f"{name} {prob:.2f}")
+    waited = _number(decision.get("silence_ms"))
+    if waited is not None:
+        parts.append(f"waited {waited:.0f} ms")
+    return " · ".join(parts)
+
+
+def _stage_title(turn: dict[str, Any], s: Segment) -> str:
+    """A bar's tooltip; the end-of-turn wait's also says what decided it and how often the caller reopened it."""
+    title = f"turn {int(turn['turn'])}: {LABELS[s.stage]} {s.ms:.0f} ms"
+    if s.stage != "end_of_turn":
+        return title
+    reopens = len(turn.get("reopened") or [])
+    notes = [decision_summary(turn.get("decision") or {}), f"reopened ×{reopens}" if reopens else ""]
+    note = " · ".join(n for n in notes if n)
+    return f"{title} — {note}" if note else title
+
+
 def _tick_step(span_ms: float) -> float:
     """A round step giving 4-10 ticks over `span_ms`."""
     raw = max(span_ms, 1.0) / 6
@@ -127,8 +154,7 @@ def waterfall_svg(turns: list[dict[str, Any]], width: int = 960) -> str:
         for s in segments:
             out.append(f'<rect class="stage stage-{s.stage}" data-stage="{s.stage}" data-ms="{s.ms:.1f}" '
                        f'x="{x(s.start_ms):.1f}" y="{y}" width="{max(s.ms / span * plot_w, 0.5):.1f}" '
-                       f'height="{bar_h}"><title>turn {int(turn["turn"])}: {escape(LABELS[s.stage])} '
-                       f'{s.ms:.0f} ms</title></rect>')
+                       f'height="{bar_h}"><title>{escape(_stage_title(turn, s))}</title></rect>')
         if not segments:
             out.append(f'<text class="no-timings" x="{label_w + 4}" y="{y + bar_h - 3}">no timings</text>')
         out.append("</g>")
