@@ -21,6 +21,7 @@ detokenization runs on the caller's side.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -52,6 +53,8 @@ from voicepipe.llm.scheduler import Scheduler
 from voicepipe.llm.session import Session, TurnMark
 
 log = logging.getLogger(__name__)
+
+END_PUNCTUATION = " \t\n.,;:!?…"  # stripped from a user message's end before the end probe
 
 
 @dataclass
@@ -103,6 +106,9 @@ class Generation:
         self.text = ""
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
+        # With ``end_probe``: resolves to ``stats.end_prob`` once the prompt's probe row is computed (None if the
+        # request ends first, or asked for no probe)
+        self.end_prob: asyncio.Future = request.end_prob_future
         self._started = False
 
     @property
@@ -213,6 +219,7 @@ class LLMEngine:
         self.max_context = min(shape.max_context, self.capacity_tokens)
         self.context_budget = min(s.context_tokens or shape.max_context, self.max_context)
         self.model_stop_ids = self._model_stop_ids(model, tokenizer)
+        self.end_ids = self._end_of_message_ids()
         log.info("LLM KV pool: %d blocks of %d tokens = %d tokens (%.0f MiB, %d bytes/token); context budget %d",
                  num_blocks, s.block_size, self.capacity_tokens, num_blocks * s.block_size * per_token / 2**20,
                  per_token, self.context_budget)
@@ -238,6 +245,24 @@ class LLMEngine:
             elif isinstance(value, (list, tuple)):
                 ids.update(v for v in value if isinstance(v, int))
         return frozenset(ids)
+
+    def _end_of_message_ids(self) -> list[int]:
+        """The tokens that end a user message where it stands: the chat template's end-of-message token (what follows
+        a user message's content) and sentence-final punctuation. A small instruct model puts most of the weight
+        of a finished sentence on its full stop or question mark rather than straight on the end-of-message token."""
+        ids = set()
+        for mark in (".", "?", "!"):
+            encoded = self.renderer.encode(mark)
+            if len(encoded) == 1:
+                ids.add(encoded[0])
+        try:
+            text = self.renderer.render([{"role": "user", "content": "x"}], add_generation_prompt=False)
+            after = self.renderer.encode(text[text.rindex("x") + 1:])
+            if after:
+                ids.add(after[0])
+        except Exception:  # a template that will not render a lone user message: punctuation alone
+            log.debug("no end-of-message token from the chat template", exc_info=True)
+        return sorted(ids)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -356,22 +381,45 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------------------------
     def generate(self, session: Session | None, new_messages: list[dict[str, str]], tier: str = "default",
-                 params: SamplingParams | None = None, **sampling: Any) -> Generation:
+                 params: SamplingParams | None = None, end_probe: bool = False, **sampling: Any) -> Generation:
         """Start a reply to ``new_messages`` appended to ``session`` (None: a sessionless request whose messages
-        are the whole conversation). Call it from the event loop; iterate the result with ``async for``."""
+        are the whole conversation). Call it from the event loop; iterate the result with ``async for``.
+
+        ``end_probe``: also compute, in the same prefill, P(the last user message ends where its words end): the
+        probability of an end token (``end_ids``) after its content less trailing punctuation. It resolves
+        ``Generation.end_prob`` (and ``stats.end_prob``) with the prefill step that reaches those words."""
         params = self._params(params, sampling)
         tier_rank(tier)
         new = validate_messages(new_messages)
 
-        def prepare(session: Session, stats: RequestStats) -> None:
+        def prepare(session: Session, stats: RequestStats) -> int | None:
             self._settle_reply(session)
             msgs = new
             system = session.system_prompt
             if system is not None and not session.messages and msgs[0]["role"] != "system":
                 msgs = [{"role": "system", "content": system}] + msgs
             self._append_turn(session, msgs, params.max_tokens, stats)
+            return self._probe_index(session, msgs) if end_probe else None
 
         return self._submit(session, prepare, tier, params)
+
+    def _probe_index(self, session: Session, new: list[dict[str, str]]) -> int | None:
+        """The index in ``session.ids`` of the last token of the last user message's words (its content less
+        trailing punctuation), in the turn just appended; None when there are no words or the tokens of the words
+        alone are not a prefix of the turn's tokens."""
+        content = next((m["content"] for m in reversed(new) if m["role"] == "user"), "")
+        words = content.rstrip(END_PUNCTUATION)
+        if not words:
+            return None
+        base_ids, base_text = (session.marks[-1].n_ids, session.marks[-1].text_len) if session.marks else (0, 0)
+        turn_text = session.text[base_text:]
+        at = turn_text.rfind(content)
+        if at < 0:
+            return None
+        head = self.renderer.encode(turn_text[:at + len(words)])
+        if not head or session.ids[base_ids:base_ids + len(head)] != head:
+            return None
+        return base_ids + len(head) - 1
 
     def complete(self, prompt: str | list[int], tier: str = "default", params: SamplingParams | None = None,
                  **sampling: Any) -> Generation:
@@ -400,6 +448,7 @@ class LLMEngine:
         def prepare(session: Session, stats: RequestStats) -> None:
             session.ids = ids
             session.text = prompt if isinstance(prompt, str) else ""
+            return None
 
         return self._submit(None, prepare, tier, params)
 
@@ -425,11 +474,11 @@ class LLMEngine:
                 session = Session(ephemeral=True)
             self._check_idle(session)
             stats = RequestStats(arrival=time.monotonic())
-            prepare(session, stats)
+            probe_at = prepare(session, stats)
             stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.model_stop_ids)
             req = Request(session=session, params=params, tier=tier, stop_ids=stop_ids, stats=stats,
                           generator=make_generator(params, self.runner.device),
-                          sink=(loop, queue))
+                          sink=(loop, queue), probe_at=probe_at, end_prob_future=loop.create_future())
             stats.prompt_tokens = len(session.ids)
             session.reply_start = len(session.ids)
             session.busy = True
@@ -617,8 +666,9 @@ class LLMEngine:
                 try:
                     logits = self.runner.forward(plan.items)
                     sampled = [it for it in plan.items if it.samples]
-                    tokens = sample(logits, [it.request.params for it in sampled],
+                    tokens = sample(logits[:len(sampled)], [it.request.params for it in sampled],
                                     [it.request.generator for it in sampled]) if sampled else []
+                    end_probs = self._end_probs(logits[len(sampled):]) if logits is not None else []
                 except StepAborted:  # a voice request arrived during a flex-only step: plan again, it goes first
                     with self._lock:
                         self._step_abortable = False
@@ -634,7 +684,7 @@ class LLMEngine:
                     continue
                 with self._lock:
                     self._step_abortable = False
-                    self._after_step(plan.items, tokens)
+                    self._after_step(plan.items, tokens, end_probs)
         except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
             log.exception("LLM engine thread crashed")
             self.crashed = exc
@@ -655,12 +705,26 @@ class LLMEngine:
                 f"the LLM engine could not admit the request within {self.settings.admission_timeout_s:g} s.",
                 "retry later, or raise llm.admission_timeout_s / the KV pool size."))
 
-    def _after_step(self, items, tokens: list[int]) -> None:
+    def _end_probs(self, probe_logits) -> list[float]:
+        if not len(probe_logits):
+            return []
+        import torch
+
+        return torch.softmax(probe_logits, dim=-1)[:, self.end_ids].sum(dim=-1).tolist()
+
+    def _after_step(self, items, tokens: list[int], end_probs: list[float]) -> None:
         self.counters["steps"] += 1
         now = time.monotonic()
         k = 0
+        probes = iter(end_probs)
         for item in items:
             req, s = item.request, item.session
+            if item.probe is not None:
+                value = next(probes)
+                if req.state is not State.FINISHED and req.probe_at is not None:
+                    req.probe_at = None
+                    req.stats.end_prob = value
+                    self._resolve_end_prob(req, value)
             if req is None:  # warming: unless the session was cut or closed while the step ran
                 if s.edits == item.edits and not s.closed:
                     s.commit(self.blocks, item.n_tokens)
@@ -705,6 +769,7 @@ class LLMEngine:
             self.scheduler.session_idle(s)
             if error is None and reason != "cancelled":
                 self._warm_next_turn(s)
+        self._resolve_end_prob(req, req.stats.end_prob)
         key = {"cancelled": "cancelled", "error": "errors"}.get(reason, "finished")
         self.counters[key] += 1
         self.counters["output_tokens"] += req.stats.output_tokens
@@ -714,6 +779,14 @@ class LLMEngine:
             except Exception:
                 log.exception("request listener %r failed", listener)
         self._emit(req, _Event("error", error=error) if error is not None else _Event("done", time=time.monotonic()))
+
+    @staticmethod
+    def _resolve_end_prob(req: Request, value: float | None) -> None:
+        future = req.end_prob_future
+        if future is None or future.done():
+            return
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
+            req.sink[0].call_soon_threadsafe(lambda: future.done() or future.set_result(value))
 
     @staticmethod
     def _emit(req: Request, event: _Event) -> None:

@@ -44,6 +44,7 @@ class RequestStats:
     output_tokens: int = 0
     preemptions: int = 0
     compacted: bool = False
+    end_prob: float | None = None  # P(the user message ends here), when the request asked for it (end_probe)
 
     @property
     def queue_time(self) -> float | None:
@@ -82,6 +83,10 @@ class Request:
     paused_until: float = 0.0  # monotonic time: its decodes sit out the steps planned before it (Generation.pause)
     keep_output: int | None = None  # set by a stop string: keep this many output tokens
     finish_reason: str | None = None
+    # The index in the session's ids whose next-token distribution gives ``stats.end_prob`` (None: not asked, or
+    # already computed)
+    probe_at: int | None = None
+    end_prob_future: Any = None  # an asyncio future on the caller's loop, resolved with ``stats.end_prob``
     generator: Any = None
     sink: Any = None  # the engine's hand-off to the asyncio side
 

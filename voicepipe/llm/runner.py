@@ -95,12 +95,14 @@ class ModelRunner:
                                  self.cache.num_blocks * bs, self.dtype)
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
-        """Packed input ids, position ids, the step layout and the packed index of each sampled token."""
+        """Packed input ids, position ids, the step layout and the packed rows whose logits the step keeps: each
+        sampled token's, then each probe's (in item order)."""
         dev = self.device
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         logit_rows: list[int] = []
+        probe_rows: list[int] = []
         decodes: list[tuple[int, ScheduledItem]] = []
         prefills: list[PrefillSpan] = []
         for item in items:
@@ -111,6 +113,8 @@ class ModelRunner:
             slots.extend(self._slot_ids(item.block_table, item.start, end))
             if item.samples:
                 logit_rows.append(t0 + item.n_tokens - 1)
+            if item.probe is not None:
+                probe_rows.append(t0 + item.probe)
             if item.n_tokens == 1 and item.start > 0:
                 decodes.append((t0, item))
                 continue
@@ -131,12 +135,13 @@ class ModelRunner:
         layout.single_prefill = not decodes and len(prefills) == 1
         input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
         position_ids = torch.tensor([pos], dtype=torch.long, device=dev)
-        return input_ids, position_ids, layout, logit_rows
+        return input_ids, position_ids, layout, logit_rows + probe_rows
 
     # -- forward ----------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, items: list[ScheduledItem]) -> torch.Tensor | None:
-        """Run one step; returns float32 logits [n_sampled, vocab] for the items that sample (or None)."""
+        """Run one step; returns float32 logits [n_sampled + n_probes, vocab]: the sampling items' rows, then the
+        probing items' rows (or None when no item needs any)."""
         input_ids, position_ids, layout, logit_rows = self.build(items)
         self.cache.layout = layout
         keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows else 1

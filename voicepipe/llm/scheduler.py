@@ -43,6 +43,7 @@ class ScheduledItem:
     block_table: list[int] = field(init=False)
     edits: int = field(init=False)
     samples: bool = field(init=False)  # the chunk reaches the end of a request's sequence: sample the next token
+    probe: int | None = field(init=False)  # the chunk holds the request's probe row (at this offset in the chunk)
 
     def __post_init__(self) -> None:
         if self.session is None:
@@ -52,6 +53,8 @@ class ScheduledItem:
         self.block_table = list(self.session.block_table)
         self.edits = self.session.edits
         self.samples = self.request is not None and end == len(self.session.ids)
+        probe_at = None if self.request is None else self.request.probe_at
+        self.probe = probe_at - self.start if probe_at is not None and self.start <= probe_at < end else None
 
     @property
     def rank(self) -> int:
@@ -210,6 +213,8 @@ class Scheduler:
             s = req.session
             if is_new and not s.block_table:
                 s.attach_prefix(bm)
+            if is_new and req.probe_at is not None:  # the probe's row must be computed, not read from the cache
+                s.recompute_from(bm, req.probe_at)
             chunk = min(s.pending, budget)
             need = s.blocks_needed(bm, s.num_cached + chunk)
             if need > bm.num_free:

@@ -109,6 +109,14 @@ class Session:
         self.block_hashes = []
         self.num_cached = 0
 
+    def recompute_from(self, bm: BlockManager, n_tokens: int) -> None:
+        """Keep every id but only the K/V of the first ``n_tokens``, so the next prefill computes the rest again."""
+        if n_tokens >= self.num_cached:
+            return
+        rest = self.ids[n_tokens:]
+        self.truncate_kv(bm, n_tokens)
+        self.ids.extend(rest)
+
     def truncate_kv(self, bm: BlockManager, n_tokens: int) -> None:
         """Keep the first ``n_tokens`` ids and the K/V that belongs to them; release the blocks past them."""
         bs = bm.block_size
