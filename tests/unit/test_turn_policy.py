@@ -1,0 +1,72 @@
+"""The end-of-turn policy on recorded evidence: the wait each verdict asks for, and how hybrid weighs the two."""
+
+from __future__ import annotations
+
+import pytest
+
+from voicepipe.config import TurnSettings
+from voicepipe.turns.policy import TurnEvidence, TurnPolicy, effective_policy
+
+S = TurnSettings(short_wait_ms=200, middle_wait_ms=700, long_wait_ms=2500, text_complete=0.1, text_incomplete=0.01,
+                 acoustic_complete=0.6, acoustic_incomplete=0.3)
+
+
+def policy(name: str) -> TurnPolicy:
+    return TurnPolicy(name, S, silence_ms=600)
+
+
+def test_silence_is_the_old_fixed_rule_whatever_the_evidence_says() -> None:
+    p = policy("silence")
+    assert p.decide(TurnEvidence(599, text_prob=0.9, acoustic_prob=0.9)).action == "wait"
+    decision = p.decide(TurnEvidence(600, text_prob=0.0, acoustic_prob=0.0))
+    assert (decision.action, decision.wait_ms, decision.reason) == ("end", 600, "silence of 600 ms")
+
+
+@pytest.mark.parametrize(("prob", "wait", "before"), [(0.5, 200, "wait"), (0.05, 700, "wait"), (0.001, 2500, "hold"),
+                                                     (None, 700, "wait")])
+def test_text_sets_the_wait_from_its_verdict(prob, wait, before) -> None:
+    p = policy("text")
+    assert p.decide(TurnEvidence(wait - 1, text_prob=prob)).action == before
+    assert p.decide(TurnEvidence(wait, text_prob=prob)).action == "end"
+    assert p.decide(TurnEvidence(wait, text_prob=prob, acoustic_prob=0.0)).wait_ms == wait  # sound is not its evidence
+
+
+def test_acoustic_reads_only_the_sound() -> None:
+    p = policy("acoustic")
+    assert p.decide(TurnEvidence(200, acoustic_prob=0.9, text_prob=0.0)).action == "end"
+    held = p.decide(TurnEvidence(1000, acoustic_prob=0.1))
+    assert (held.action, held.wait_ms, held.reason) == ("hold", 2500, "sound says mid-thought")
+
+
+@pytest.mark.parametrize(("text", "sound", "wait"), [
+    (0.5, 0.9, 200),  # both complete
+    (0.5, 0.4, 200),  # complete + unsure
+    (0.05, 0.9, 200),  # unsure + complete
+    (0.5, 0.1, 700),  # they disagree: the middle wait
+    (0.001, 0.9, 700),
+    (0.05, 0.4, 700),  # both unsure
+    (0.001, 0.4, 2500),  # mid-thought + unsure
+    (0.001, 0.1, 2500),  # both mid-thought
+    (None, 0.9, 200),  # before the words are known, the sound decides alone
+    (None, 0.1, 2500),
+    (0.001, None, 2500),
+    (None, None, 700),  # no evidence yet: the middle wait
+])
+def test_hybrid_adds_the_two_verdicts(text, sound, wait) -> None:
+    assert policy("hybrid").decide(TurnEvidence(0, text_prob=text, acoustic_prob=sound)).wait_ms == wait
+
+
+def test_a_decision_is_recorded_with_its_evidence_and_reason() -> None:
+    evidence = TurnEvidence(231.04, text_prob=0.912345, acoustic_prob=0.88)
+    decision = policy("hybrid").decide(evidence)
+    assert decision.record("hybrid", evidence) == {
+        "policy": "hybrid", "action": "end", "reason": "text and sound say complete", "silence_ms": 231.0,
+        "wait_ms": 200.0, "text_prob": 0.9123, "acoustic_prob": 0.88}
+
+
+def test_without_the_acoustic_model_the_policies_that_need_it_use_the_text() -> None:
+    assert [effective_policy(n, acoustic_loaded=False) for n in ("silence", "text", "acoustic", "hybrid")] == [
+        "silence", "text", "text", "text"]
+    assert effective_policy("hybrid", acoustic_loaded=True) == "hybrid"
+    with pytest.raises(ValueError, match="unknown turn policy"):
+        TurnPolicy("semantic", S, 600)

@@ -1,0 +1,130 @@
+"""The end-of-turn policy: evidence in, a decision out ("end" now, "wait", or "hold" for longer), with the reason.
+
+Pure logic, no I/O. The call session asks it after every VAD window of the caller's silence, with what it knows
+by then:
+
+- the silence since the caller's speech ended (VAD);
+- text completeness: P(the message ends where the caller's words end), from the call's own LLM (the early reply's
+  prefill computes it, see `LLMEngine.generate(end_probe=True)`); it arrives after the speech end, once the STT
+  has the words and the engine has prefilled them;
+- acoustic completeness: P(complete) from Smart Turn over the last 8 s of the caller's audio (voicepipe/turns/
+  acoustic.py); it arrives a few ms after the speech end.
+
+Each probability gives a verdict: complete (at or above its `*_complete` threshold), incomplete (below
+`*_incomplete`) or unsure. The verdict sets the silence to wait for: `short_wait_ms` when complete, `long_wait_ms`
+when the caller is mid-thought, `middle_wait_ms` when unsure or while the evidence is still on its way. `silence`
+is the old rule: a fixed `vad.end_of_turn_silence_ms`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from voicepipe.config import TurnSettings
+
+Action = Literal["end", "wait", "hold"]
+Verdict = Literal["complete", "unsure", "incomplete"]
+POLICIES = ("silence", "text", "acoustic", "hybrid")
+
+
+@dataclass(frozen=True)
+class TurnEvidence:
+    silence_ms: float  # since the caller's speech ended (0 while they speak)
+    text_prob: float | None = None  # None: not known (yet)
+    acoustic_prob: float | None = None
+
+
+@dataclass(frozen=True)
+class TurnDecision:
+    action: Action
+    wait_ms: float  # the silence the evidence asks for
+    reason: str
+
+    def record(self, policy: str, evidence: TurnEvidence) -> dict[str, Any]:
+        """The decision as the turn record keeps it (voicepipe/observability/records.py)."""
+        return {"policy": policy, "action": self.action, "reason": self.reason,
+                "silence_ms": round(evidence.silence_ms, 1), "wait_ms": self.wait_ms,
+                "text_prob": _rounded(evidence.text_prob), "acoustic_prob": _rounded(evidence.acoustic_prob)}
+
+
+def effective_policy(name: str, acoustic_loaded: bool) -> str:
+    """The policy a call runs: one that needs the acoustic model uses the text alone when the model is not loaded
+    (`turn.acoustic = "auto"` with no model file, or `"off"`)."""
+    return "text" if name in ("acoustic", "hybrid") and not acoustic_loaded else name
+
+
+class TurnPolicy:
+    """One policy with its thresholds; `decide` is cheap and may be called after every VAD window."""
+
+    def __init__(self, name: str, settings: TurnSettings, silence_ms: float) -> None:
+        if name not in POLICIES:
+            raise ValueError(f"unknown turn policy {name!r}; use one of {', '.join(POLICIES)}")
+        self.name = name
+        self.settings = settings
+        self.silence_ms = float(silence_ms)
+
+    @property
+    def uses_text(self) -> bool:
+        return self.name in ("text", "hybrid")
+
+    @property
+    def uses_acoustic(self) -> bool:
+        return self.name in ("acoustic", "hybrid")
+
+    def decide(self, evidence: TurnEvidence) -> TurnDecision:
+        if self.name == "silence":
+            return self._act(evidence, self.silence_ms, None, f"silence of {self.silence_ms:g} ms")
+        s = self.settings
+        text = _verdict(evidence.text_prob, s.text_complete, s.text_incomplete) if self.uses_text else None
+        sound = (_verdict(evidence.acoustic_prob, s.acoustic_complete, s.acoustic_incomplete)
+                 if self.uses_acoustic else None)
+        if self.name == "hybrid":
+            verdict, reason = _combine(text, sound)
+        else:
+            verdict = text if self.name == "text" else sound
+            reason = _say("text" if self.name == "text" else "sound", verdict)
+        wait = {"complete": s.short_wait_ms, "unsure": s.middle_wait_ms, "incomplete": s.long_wait_ms,
+                None: s.middle_wait_ms}[verdict]
+        return self._act(evidence, float(wait), verdict, reason)
+
+    @staticmethod
+    def _act(evidence: TurnEvidence, wait_ms: float, verdict: Verdict | None, reason: str) -> TurnDecision:
+        if evidence.silence_ms >= wait_ms:
+            return TurnDecision("end", wait_ms, reason)
+        return TurnDecision("hold" if verdict == "incomplete" else "wait", wait_ms, reason)
+
+
+def _verdict(prob: float | None, complete: float, incomplete: float) -> Verdict | None:
+    if prob is None:
+        return None
+    if prob >= complete:
+        return "complete"
+    return "incomplete" if prob < incomplete else "unsure"
+
+
+def _say(source: str, verdict: Verdict | None) -> str:
+    return "no evidence yet" if verdict is None else f"{source} says {_WORD[verdict]}"
+
+
+def _combine(text: Verdict | None, sound: Verdict | None) -> tuple[Verdict | None, str]:
+    """Hybrid: each known verdict counts +1 (complete), 0 (unsure) or -1 (mid-thought); a sum of at least +1 is
+    complete, at most -1 mid-thought, 0 unsure. Before the words are known the sound decides alone."""
+    if text is None and sound is None:
+        return None, "no evidence yet"
+    if text is None or sound is None:
+        known = text or sound
+        return known, _say("text" if text else "sound", known) + ("; words not known yet" if text is None else "")
+    total = _SCORE[text] + _SCORE[sound]
+    verdict: Verdict = "complete" if total >= 1 else "incomplete" if total <= -1 else "unsure"
+    if text == sound:
+        return verdict, f"text and sound say {_WORD[text]}"
+    return verdict, f"text says {_WORD[text]}, sound says {_WORD[sound]}"
+
+
+_SCORE = {"complete": 1, "unsure": 0, "incomplete": -1}
+_WORD = {"complete": "complete", "unsure": "unsure", "incomplete": "mid-thought"}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 4)
