@@ -11,7 +11,8 @@ from typing import Any
 
 from voicepipe.config import Settings
 from voicepipe.devices import llm_dtype_name, resolve_device
-from voicepipe.models import resolve_model
+from voicepipe.errors import ModelError
+from voicepipe.models import load_manifest, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +29,12 @@ class Runtime:
     silero: Any = None  # voicepipe.vad.SileroVAD over self.vad, shared by every call's VAD stream
     transcriber: Any = None  # voicepipe.stt.Transcriber: the one STT worker over self.stt
     synthesizer: Any = None  # voicepipe.tts.Synthesizer: the one TTS worker over self.tts
+    turn: Any = None  # voicepipe.turns.acoustic.SmartTurn, or None when the end-of-turn policy goes without it
     load_seconds: dict[str, float] = field(default_factory=dict)
     load_error: str | None = None
     # called by the LLM engine as each request ends (LLMEngine.add_request_listener); add them before load()
     request_listeners: list[Callable[[Any], None]] = field(default_factory=list)
+    _turn_warned: bool = field(default=False, repr=False)
 
     @property
     def ready(self) -> bool:
@@ -56,6 +59,8 @@ class Runtime:
         device = resolve_device(self.settings.device)
         paths = self.model_paths()
         self.vad = self._timed("vad", load_silero, paths["vad"])
+        if "turn" in paths:
+            self.turn = self._load_turn(paths["turn"])
         self.stt = self._timed("stt", load_whisper, paths["stt"], *stt_placement(self.settings))
         self.synthesizer = self._timed("tts", Synthesizer.load, paths["tts"], self.settings.tts, device == "cuda")
         self.tts = self.synthesizer.voice
@@ -82,7 +87,49 @@ class Runtime:
     def model_paths(self) -> dict[str, Path]:
         """Resolve every configured model to files; cheap, so `serve` checks it before starting."""
         models, models_dir = self.settings.models, self.settings.paths.models_dir
-        return {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in ("vad", "stt", "tts", "llm")}
+        paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in ("vad", "stt", "tts", "llm")}
+        turn = self._turn_model_path()
+        if turn is not None:
+            paths["turn"] = turn
+        return paths
+
+    @property
+    def wants_turn_model(self) -> bool:
+        """Whether the end-of-turn policy weighs the acoustic evidence (turn.policy and turn.acoustic)."""
+        turn = self.settings.turn
+        return turn.policy in ("acoustic", "hybrid") and turn.acoustic != "off"
+
+    def _turn_model_path(self) -> Path | None:
+        """The acoustic model's files; turn.acoustic="on" refuses a missing model, "auto" warns and goes on."""
+        if not self.wants_turn_model:
+            return None
+        spec = self.settings.models.turn
+        try:
+            return resolve_model(spec, "turn", self.settings.paths.models_dir)
+        except ModelError as exc:
+            fix = f"run `voicepipe models fetch {spec}`" if spec in load_manifest() else (exc.fix or "").rstrip(".")
+            if self.settings.turn.acoustic == "on":
+                raise ModelError(exc.message, f"{fix}, or set turn.acoustic=auto to start without it.") from None
+            self._warn_no_turn_model(exc.message, fix)
+            return None
+
+    def _load_turn(self, path: Path):
+        from voicepipe.turns.acoustic import SmartTurn
+
+        try:
+            return self._timed("turn", SmartTurn.load, path)
+        except ModelError as exc:
+            if self.settings.turn.acoustic == "on":
+                raise
+            self._warn_no_turn_model(exc.message, (exc.fix or "").rstrip("."))
+            return None
+
+    def _warn_no_turn_model(self, problem: str, fix: str) -> None:
+        if self._turn_warned:  # model_paths() runs at serve's check and again at load: say it once
+            return
+        self._turn_warned = True
+        log.warning("%s The %s end-of-turn policy goes on with the text evidence alone. Fix: %s "
+                    "(or set turn.acoustic=off).", problem, self.settings.turn.policy, fix)
 
     def _timed(self, name: str, loader, *args):
         start = time.perf_counter()

@@ -24,6 +24,7 @@ class CallResources:
     vad: Any  # voicepipe.vad.SileroVAD
     transcriber: Any  # voicepipe.stt.Transcriber
     synthesizer: Any  # voicepipe.tts.Synthesizer (with word alignments)
+    turn: Any = None  # voicepipe.turns.acoustic.SmartTurn or None (the end-of-turn policy goes without it)
 
 
 def call_resources(runtime) -> CallResources:
@@ -39,7 +40,8 @@ def call_resources(runtime) -> CallResources:
             raise RuntimeError("the models are still loading")
         if runtime.load_error:
             raise RuntimeError(f"the models failed to load: {runtime.load_error}")
-        res = CallResources(_engine(runtime), _vad(runtime), _transcriber(runtime), _synthesizer(runtime))
+        res = CallResources(_engine(runtime), _vad(runtime), _transcriber(runtime), _synthesizer(runtime),
+                            getattr(runtime, "turn", None))
         runtime.call_resources = res
         return res
 
