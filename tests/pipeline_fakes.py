@@ -122,9 +122,11 @@ class FakeSpeech:
 
 
 class FakeGeneration:
-    def __init__(self, engine, words: list[str]) -> None:
+    def __init__(self, engine, words: list[str], end_prob: float | None = None) -> None:
         self.engine, self.words = engine, words
         self.stats = SimpleNamespace(prompt_tokens=40, cached_prompt_tokens=30, output_tokens=len(words))
+        self.end_prob = asyncio.get_running_loop().create_future()
+        self.end_prob.set_result(end_prob)
 
     async def _run(self):
         self.engine.session.busy = True
@@ -160,6 +162,8 @@ class FakeEngine:
         self.session = None
         self.fail = False
         self.slow = False
+        self.end_prob: float | None = None  # what an early reply's end probe gives
+        self.probes: list[bool] = []  # each generate's end_probe
 
     def open_session(self, system_prompt=None):
         self.session = SimpleNamespace(system_prompt=system_prompt, busy=False, closed=False, marks=[])
@@ -170,8 +174,9 @@ class FakeEngine:
             raise RuntimeError("the engine is on fire")
         self.calls.append(messages)
         self.seeds.append(kw.get("seed"))
+        self.probes.append(kw.get("end_probe", False))
         session.marks.append(len(self.calls))  # a turn begins
-        return FakeGeneration(self, self.reply.split(" "))
+        return FakeGeneration(self, self.reply.split(" "), self.end_prob if kw.get("end_probe") else None)
 
     def rollback_reply(self, session, heard_tokens: int) -> None:
         self.rollbacks.append(heard_tokens)

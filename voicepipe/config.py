@@ -93,8 +93,10 @@ class TurnSettings(Section):
     # P(complete) at or above *_complete: complete; below *_incomplete: mid-thought; in between: unsure
     text_complete: float = Field(0.5, ge=0.0, le=1.0)
     text_incomplete: float = Field(0.1, ge=0.0, le=1.0)
-    acoustic_complete: float = Field(0.5, ge=0.0, le=1.0)
+    acoustic_complete: float = Field(0.5, ge=0.0, le=1.01)
     acoustic_incomplete: float = Field(0.2, ge=0.0, le=1.0)
+    # hybrid: the sound alone may end a turn it calls complete before the words are known (else it waits for them)
+    acoustic_alone: bool = False
 
 
 class STTSettings(Section):
@@ -178,6 +180,11 @@ class CallSettings(Section):
     # While the caller speaks, the LLM prefills the words the STT has committed so far (with llm.warm_next_turn), so
     # the turn's own prefill is only the rest of the message.
     prefill_while_speaking: bool = True
+    # While the agent speaks, caller speech interrupts it only once its words are known and are more than a
+    # backchannel ("mm-hm", "yeah", "okay": voicepipe/turns/backchannel.py), or once it lasts backchannel_max_ms;
+    # the agent's audio is not held meanwhile. Off: any speech of barge_in_min_speech_ms interrupts.
+    backchannels: bool = True
+    backchannel_max_ms: int = Field(900, ge=0, le=10000)
     # Pause the reply's LLM decoding while the TTS makes its first audio (at most this long; 0: off). On a CPU the
     # two share the cores and the caller waits for that audio, not for the tokens after it.
     first_audio_llm_pause_ms: int = Field(400, ge=0, le=5000)

@@ -86,3 +86,13 @@ def test_float32_buffer_and_bad_input():
         buf.append(np.zeros((10, 2), dtype=np.float32))
     with pytest.raises(ValueError):
         AudioBuffer(8000, 0.0)
+
+
+def test_latest_copies_the_newest_samples_across_the_wrap_without_removing_them():
+    buf = AudioBuffer(10, 1.0)  # 10 samples
+    buf.append(np.arange(8, dtype=np.int16))
+    buf.append(np.arange(8, 14, dtype=np.int16))  # wraps: holds 4..13
+    assert buf.latest(3).tolist() == [11, 12, 13]
+    assert buf.latest(100).tolist() == list(range(4, 14))
+    assert buf.latest(0).tolist() == []
+    assert len(buf) == 10 and buf.read(2).tolist() == [4, 5]

@@ -98,10 +98,12 @@ class RecordingObserver:
 
 
 class Harness:
-    def __init__(self, greeting: str | None = None, params: dict | None = None, texts: list[str] | None = None):
+    def __init__(self, greeting: str | None = None, params: dict | None = None, texts: list[str] | None = None,
+                 backchannels: bool = False):
         settings = Settings()
         settings.calls.greeting = greeting
         settings.calls.barge_in_min_speech_ms = 150
+        settings.calls.backchannels = backchannels  # off: any speech of 150 ms over the agent interrupts it
         self.engine = FakeEngine()
         self.stt = FakeSTTStream(texts or ["what time is it", "and tomorrow"])
         synth = SimpleNamespace(open_stream=lambda rate, turn: FakeSpeech(rate, turn))
@@ -234,29 +236,33 @@ def test_a_short_noise_while_speaking_does_not_interrupt() -> None:
     run(main())
 
 
-def test_speech_while_thinking_cancels_the_thinking() -> None:
+def test_speech_while_thinking_reopens_the_turn() -> None:
     async def main():
         h = Harness()
         await h.call.start()
         h.stt.hold = True
         h.speak(300)
         assert h.call.state is CallState.THINKING
+        ended = h.call.record.turns[0]
         h.push(20, h.ev("speech_start"))
         h.push(200)
         assert h.call.state is CallState.LISTENING
         await asyncio.sleep(0.05)
         assert h.engine.calls == [] and h.engine.rollbacks == []  # the LLM never started: nothing to undo
-        assert h.call.record.turns[0].interrupted
-        # The first turn's words still count: they arrive late and open the next turn's message.
+        assert h.call.record.turns == [] and h.call.record.barge_ins == 0  # no turn was answered or interrupted
+        # The first words still count: they arrive late and open the message of the turn that goes on.
         h.stt.futures[0].set_result(SimpleNamespace(text="book a table"))
-        await h.settle(lambda: h.call.record.turns[0].user_text == "book a table")
         h.stt.hold = False
         h.push(200)
         h.push(20, h.ev("speech_end"))
         h.push(20, h.ev("end_of_turn"))
         await h.settle(lambda: h.engine.calls)
         assert h.engine.calls[0] == [{"role": "user", "content": "book a table what time is it"}]
-        assert h.call.record.turns[1].user_text == "what time is it"
+        (turn,) = h.call.record.turns
+        assert turn.turn == 1 and turn.user_text == "book a table what time is it"
+        assert len(turn.reopened) == 1 and turn.reopened[0]["t"] > 0
+        assert turn.timeline["speech_start"] == ended.timeline["speech_start"]  # the turn began back then
+        assert [e["type"] for e in h.observer.events if e["type"] == "turn_reopened"] == ["turn_reopened"]
         await h.call.close()
 
     run(main())
@@ -632,5 +638,81 @@ def test_a_failing_prefill_hint_does_not_break_the_turn() -> None:
         await h.settle(lambda: h.call.state is CallState.SPEAKING)
         assert h.engine.calls == [[{"role": "user", "content": "what time is it"}]]
         await h.call.close()
+
+    run(main())
+
+
+def test_a_backchannel_over_the_agent_keeps_it_talking() -> None:
+    async def main():
+        h = Harness(backchannels=True, texts=["what time is it", "Mm-hmm."])
+        await h.call.start()
+        await h.one_turn()
+        h.push(20, h.ev("speech_start"))
+        h.push(300)  # longer than barge_in_min_speech_ms: no longer enough to interrupt the agent
+        assert not h.output.held and h.output.clears == 0
+        h.push(20, h.ev("speech_end"))
+        await h.settle(lambda: h.call.record.turns[0].backchannels)
+        assert h.call.record.turns[0].backchannels == ["Mm-hmm."]
+        assert h.output.clears == 0 and h.output.holds == [] and h.call.state is CallState.SPEAKING
+        assert ("transcript", {"text": "Mm-hmm.", "final": True, "turn": 1, "backchannel": True}) in h.output.events
+        h.push(20, h.ev("end_of_turn"))  # the backchannel's own turn ends: nothing to answer
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        turn = h.call.record.turns[0]
+        assert not turn.interrupted and len(h.engine.calls) == 1 and h.call.record.barge_ins == 0
+        await h.call.close()
+
+    run(main())
+
+
+def test_words_over_the_agent_that_are_more_than_a_backchannel_interrupt_it() -> None:
+    async def main():
+        h = Harness(backchannels=True, texts=["what time is it", "Wait, stop."])
+        await h.call.start()
+        await h.one_turn()
+        h.push(20, h.ev("speech_start"))
+        h.push(300)
+        h.push(20, h.ev("speech_end"))
+        await h.settle(lambda: h.output.clears == 1)
+        assert h.call.record.turns[0].interrupted and h.call.record.barge_ins == 1
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_partial_with_real_words_or_long_speech_over_the_agent_interrupts_without_waiting_for_its_end() -> None:
+    async def main():
+        for how in ("partial", "long speech"):
+            h = Harness(backchannels=True)
+            await h.call.start()
+            await h.one_turn()
+            h.push(20, h.ev("speech_start"))
+            h.push(300)
+            if how == "partial":
+                h.call._partial_arrived("Yeah, okay", "Yeah,", 1.0)  # still a backchannel: the agent goes on
+                assert h.output.clears == 0
+                h.call._partial_arrived("No, I said Tuesday", "No,", 1.2)
+            else:
+                h.push(600)  # 920 ms of speech: over backchannel_max_ms (900)
+            assert h.output.clears == 1, how
+            await h.call.close()
+
+    run(main())
+
+
+def test_an_early_reply_tells_the_policy_how_finished_the_words_are() -> None:
+    async def main():
+        for policy, probed in (("hybrid", True), ("silence", False)):
+            h = Harness(params={"turn_policy": policy})
+            h.engine.end_prob = 0.7
+            await h.call.start()
+            h.push(20, h.ev("speech_start"))
+            h.push(300)
+            h.push(20, h.ev("speech_end"))  # the early reply starts here, with the end probe
+            await h.settle(lambda: h.engine.calls)
+            await asyncio.sleep(0.01)
+            assert h.engine.probes == [probed] and h.call.turn_policy == policy
+            assert h.call.turns.text_prob == (0.7 if probed else None)
+            await h.call.close()
 
     run(main())

@@ -47,13 +47,19 @@ def test_acoustic_reads_only_the_sound() -> None:
     (0.05, 0.4, 700),  # both unsure
     (0.001, 0.4, 2500),  # mid-thought + unsure
     (0.001, 0.1, 2500),  # both mid-thought
-    (None, 0.9, 200),  # before the words are known, the sound decides alone
-    (None, 0.1, 2500),
+    (None, 0.9, 700),  # before the words are known, the sound alone does not end the turn ...
+    (None, 0.1, 2500),  # ... but holds it
     (0.001, None, 2500),
     (None, None, 700),  # no evidence yet: the middle wait
 ])
 def test_hybrid_adds_the_two_verdicts(text, sound, wait) -> None:
     assert policy("hybrid").decide(TurnEvidence(0, text_prob=text, acoustic_prob=sound)).wait_ms == wait
+
+
+def test_with_acoustic_alone_the_sound_may_end_the_turn_before_the_words_are_known() -> None:
+    alone = TurnPolicy("hybrid", S.model_copy(update={"acoustic_alone": True}), 600)
+    decision = alone.decide(TurnEvidence(200, acoustic_prob=0.9))
+    assert (decision.action, decision.reason) == ("end", "sound says complete; words not known yet")
 
 
 def test_a_decision_is_recorded_with_its_evidence_and_reason() -> None:

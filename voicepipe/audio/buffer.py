@@ -58,6 +58,12 @@ class AudioBuffer:
         self._size -= n
         return out
 
+    def latest(self, n: int) -> np.ndarray:
+        """A copy of the newest `n` samples (fewer if fewer are buffered), oldest first; nothing is removed."""
+        n = max(0, min(n, self._size))
+        idx = (self._start + self._size - n + np.arange(n)) % self.capacity
+        return self._ring[idx]
+
     def clear(self) -> None:
         """Discard all buffered samples (not counted as dropped)."""
         self._start = 0

@@ -42,6 +42,9 @@ from voicepipe.observability.hooks import Observers
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.timeline import derive_timings
 from voicepipe.pipeline.resources import CallResources
+from voicepipe.pipeline.turn_taking import TurnTaking
+from voicepipe.turns.backchannel import is_backchannel
+from voicepipe.turns.policy import POLICIES, TurnPolicy, effective_policy
 from voicepipe.vad.boundary import audible_end
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,7 @@ class _Reply:
     release: asyncio.Event | None = None  # an early reply: its audio and client events wait for this
     held_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     turns_before: int = 0  # LLM session turns before this reply's (what dropping an early reply goes back to)
+    segment: int = 0  # an early reply: the caller's speech segment it answers (TurnTaking.segment)
     consumed: tuple[str | None, str | None] = (None, None)  # the greeting / unanswered words its prompt took
 
     @property
@@ -136,6 +140,10 @@ class CallSession:
             if "greeting" in params and (params["greeting"] is None or isinstance(params["greeting"], str)):
                 greeting = params["greeting"]
         self.seed = _call_seed(params.get("seed")) if self.cfg.allow_overrides else None
+        policy = settings.turn.policy
+        if self.cfg.allow_overrides and params.get("turn_policy") in POLICIES:
+            policy = params["turn_policy"]
+        self.turn_policy = policy
         self.system_prompt = prompt
         self.greeting = greeting or None
         self.record = CallRecord(self.call_id, transport, system_prompt=prompt, greeting=self.greeting,
@@ -145,6 +153,7 @@ class CallSession:
         self._resampler = StreamResampler(input_rate, PIPELINE_RATE) if input_rate != PIPELINE_RATE else None
         self.session = None  # llm Session
         self.detector = None
+        self.turns: TurnTaking | None = None
         self.stt = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._preroll: list[np.ndarray] = []
@@ -175,6 +184,9 @@ class CallSession:
         self._loop = asyncio.get_running_loop()
         self.record.started_mono = time.monotonic()
         self.session = self.res.engine.open_session(self.system_prompt)
+        policy = TurnPolicy(effective_policy(self.turn_policy, self.res.turn is not None), self.settings.turn,
+                            self.settings.vad.end_of_turn_silence_ms)
+        self.turns = TurnTaking(policy, self.res.turn, PIPELINE_RATE)
         self.detector = self._make_detector()
         self.stt = self.res.transcriber.open_stream(PIPELINE_RATE, on_partial=self._on_partial)
         self._watchdog = asyncio.create_task(self._watch_idle(), name=f"idle-{self.call_id}")
@@ -187,7 +199,7 @@ class CallSession:
     def _make_detector(self):
         from voicepipe.vad import TurnDetector
 
-        return TurnDetector(self.res.vad, PIPELINE_RATE, self.settings.vad)
+        return TurnDetector(self.res.vad, PIPELINE_RATE, self.settings.vad, policy=self.turns)
 
     async def close(self, reason: str = "hangup") -> None:
         """End the call: cancel everything in flight and release the LLM session and every buffer."""
@@ -218,6 +230,8 @@ class CallSession:
         finally:
             if self.stt is not None:
                 self.stt.close()
+            if self.turns is not None:
+                self.turns.close()
             self.stt = None
             self.detector = None
             self._preroll = []
@@ -248,24 +262,29 @@ class CallSession:
         self._vad_pos += len(audio)
         self._arrivals.append((self._vad_pos, self._since()))
         self._remember(audio)
+        self.turns.push(audio)
         if self._stt_turn_active:
             self.stt.push(audio)
         for ev in self.detector.push(audio):
             self.note("vad", kind=ev.kind)
             if ev.kind == "speech_start":
+                self.turns.speech_started(ev.sample)
                 self._on_speech_start(ev.sample, start)
             elif ev.kind == "speech_end":
                 self._speech_end = ev.sample
                 self._speech_start = None
                 self._hold_output(False)  # a noise: the agent goes on
+                self.turns.speech_ended(self._audible_end(ev.sample))
                 if self._stt_turn_active:
                     self._next_timeline["speech_end"] = self._sample_time(self._audible_end(ev.sample))
                     self._start_early_reply()
+                    self._check_backchannel()
             elif ev.kind == "end_of_turn":
                 self._on_end_of_turn()
         if self._speech_start is not None and self.state in (CallState.THINKING, CallState.SPEAKING):
             speech_ms = (self.detector.stream.samples_processed - self._speech_start) * 1000 / PIPELINE_RATE
-            if speech_ms >= self.cfg.barge_in_min_speech_ms and self._reply is not None:
+            threshold = self.cfg.backchannel_max_ms if self._over_agent() else self.cfg.barge_in_min_speech_ms
+            if speech_ms >= threshold and self._reply is not None:
                 self._barge_in()
 
     def _remember(self, audio: np.ndarray) -> None:
@@ -287,8 +306,9 @@ class CallSession:
         self._speech_start = sample
         self._speech_end = None
         self._last_activity = time.monotonic()
-        if self.cfg.hold_on_speech and self._reply is not None and self.state in (CallState.THINKING,
-                                                                                   CallState.SPEAKING):
+        if (self.cfg.hold_on_speech and self._reply is not None and self.state in (CallState.THINKING,
+                                                                                    CallState.SPEAKING)
+                and not self._over_agent()):
             self._hold_output(True)  # stop the agent's audio now; the barge-in decision comes a little later
         if self._early is not None:  # the caller goes on: the reply started at their pause is not wanted
             self._drop_early_reply()
@@ -311,11 +331,13 @@ class CallSession:
         return None if end is None else self._stt_sample_start + (end - self._stt_vad_start)
 
     def _on_end_of_turn(self) -> None:
+        decision = self.turns.decision_record()
+        self.turns.turn_ended()
         if not self._stt_turn_active:
             return
         self._stt_turn_active = False
         if self.state is not CallState.LISTENING:
-            self.stt.cancel_turn()  # a noise shorter than the barge-in threshold while the agent talks
+            self.stt.cancel_turn()  # a noise or a backchannel while the agent talks
             return
         early, self._early = self._early, None
         if early is not None:
@@ -328,10 +350,15 @@ class CallSession:
         timeline.setdefault("speech_end", now)  # set at the VAD's speech_end, unless the turn ended without one
         self._next_timeline = {}
         self.state = CallState.THINKING
+        reopened = self.turns.take_reopened()
+        if decision:
+            self.note("turn_decision", turn=self._turns, **decision)
         if early is not None:
+            early.record.decision, early.record.reopened = decision, reopened
             self._release(early, timeline)
             return
-        record = TurnRecord(self._turns, timeline={**timeline, "stt_requested": now})
+        record = TurnRecord(self._turns, timeline={**timeline, "stt_requested": now}, decision=decision,
+                            reopened=reopened)
         self.record.turns.append(record)
         reply = _Reply(self._turns, self._open_speech(self._turns), record=record)
         reply.transcript = future
@@ -344,7 +371,8 @@ class CallSession:
             return
         turn = self._turns + 1
         record = TurnRecord(turn, timeline={**self._next_timeline, "stt_requested": self._since()})
-        reply = _Reply(turn, self._open_speech(turn), record=record, release=asyncio.Event())
+        reply = _Reply(turn, self._open_speech(turn), record=record, release=asyncio.Event(),
+                       segment=self.turns.segment)
         reply.transcript = self.stt.peek(self._stt_end())
         self._early = reply
         self.note("early_reply", turn=turn)
@@ -397,6 +425,9 @@ class CallSession:
             self._next_timeline.setdefault("first_partial", at)
         self.note("stt_partial", turn=turn, text=text)
         self._emit("transcript", {"text": text, "final": False, "turn": turn})
+        if self._over_agent() and self._speech_start is not None and text.strip() and not is_backchannel(text):
+            self._barge_in()  # the caller's words over the agent are more than a backchannel
+            return
         self._prefill_caller_words(stable)
 
     def _prefill_caller_words(self, stable: str) -> None:
@@ -539,14 +570,19 @@ class CallSession:
         if self._pending_assistant:
             messages.append({"role": "assistant", "content": self._pending_assistant})
             self._pending_assistant = None
-        if self._unanswered:
+        if self._unanswered:  # the words of a reopened turn, or of one the caller cut off before it was answered
             text, self._unanswered = f"{self._unanswered} {text}".strip(), None
+            record.user_text = text
         messages.append({"role": "user", "content": text})
         engine = self.res.engine
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
         reply.turns_before = len(self.session.marks)
+        probe = reply.release is not None and self.turns.policy.uses_text  # an early reply tells the policy
         gen = engine.generate(self.session, messages, tier="priority", max_tokens=self.cfg.max_reply_tokens,
-                              temperature=self.cfg.temperature, seed=seed)
+                              temperature=self.cfg.temperature, seed=seed, end_probe=probe)
+        if probe:
+            gen.end_prob.add_done_callback(
+                lambda f: f.cancelled() or self.turns.text_known(reply.segment, f.result()))
         reply.generation = gen
         reply.llm_started = True
         record.timeline["llm_queued"] = self._since()
@@ -617,9 +653,43 @@ class CallSession:
             raise stream.error
 
     # -- barge-in ---------------------------------------------------------------------------------
-    def _barge_in(self) -> None:
-        """The caller talks over the agent: stop now (synchronously), then clear and roll back."""
+    def _over_agent(self) -> bool:
+        """The agent's audio is going out and caller speech over it waits for its words (`calls.backchannels`)."""
+        return self.cfg.backchannels and self.state is CallState.SPEAKING and self._reply is not None
+
+    def _check_backchannel(self) -> None:
+        """Caller speech over the agent ended: its words decide whether it was a backchannel or an interruption."""
         reply = self._reply
+        if not self._over_agent():
+            return
+        future = asyncio.wrap_future(self.stt.peek(self._stt_end()))
+        segment = self.turns.segment
+        future.add_done_callback(lambda f: self._backchannel_heard(reply, segment, f))
+
+    def _backchannel_heard(self, reply: _Reply, segment: int, future: asyncio.Future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        if self._reply is not reply or self.turns.segment != segment or self.closed:
+            return  # the reply ended, or the caller spoke again (that speech decides)
+        text = future.result().text.strip()
+        if text and not is_backchannel(text):
+            self._barge_in()
+            return
+        if text:
+            log.info("call %s: backchannel %r over turn %d", self.call_id, text, reply.turn)
+            if reply.record is not None:
+                reply.record.backchannels.append(text)
+            self.note("backchannel", turn=reply.turn, text=text)
+            self._emit("transcript", {"text": text, "final": True, "turn": reply.turn, "backchannel": True})
+        self.stt.resume()
+
+    def _barge_in(self) -> None:
+        """The caller talks over the agent: stop now (synchronously), then clear and roll back. Before the agent has
+        sent any audio of the turn, the caller simply went on: the turn is reopened instead."""
+        reply = self._reply
+        if reply.record is not None and not reply.greeting and "first_audio_sent" not in reply.record.timeline:
+            self._reopen(reply)
+            return
         self._reply = None  # from here on the caller's new turn owns the call
         self.state = CallState.LISTENING
         self.record.barge_ins += 1
@@ -631,6 +701,43 @@ class CallSession:
         heard = self.output.clear()
         self._hold_output(False)  # the clear dropped what was held; the next reply plays
         self._spawn(self._after_barge_in(reply, heard), "barge-in")
+
+    def _reopen(self, reply: _Reply) -> None:
+        """The caller went on speaking after the end-of-turn decision, before any of the reply was sent: the reply
+        and its LLM turn are dropped, and its words open the turn that goes on."""
+        self._reply = None
+        self.state = CallState.LISTENING
+        record = reply.record
+        reply.stream.cancel()
+        if reply.task is not None:
+            reply.task.cancel()
+        self.output.clear()  # nothing of it was sent: what is queued goes
+        self._hold_output(False)
+        if record in self.record.turns:
+            self.record.turns.remove(record)
+        self._turns -= 1
+        self.turns.reopen(record.decision, self._since())
+        for key in ("speech_start", "first_partial"):  # the turn began back then
+            if key in record.timeline:
+                self._next_timeline[key] = record.timeline[key]
+        log.info("call %s: turn %d reopened (%s)", self.call_id, reply.turn, record.decision.get("reason", "?"))
+        self.note("turn_reopened", turn=reply.turn, decision=record.decision)
+        self._spawn(self._after_reopen(reply), "reopen")
+
+    async def _after_reopen(self, reply: _Reply) -> None:
+        if reply.task is not None:
+            await asyncio.wait([reply.task])
+        if not reply.llm_started:
+            words = await self._late_transcript(reply)
+        else:
+            words = reply.record.user_text
+            self._pending_assistant, self._unanswered = reply.consumed
+            if await self._session_idle():
+                try:
+                    self.res.engine.drop_turns(self.session, reply.turns_before)
+                except Exception:
+                    log.exception("call %s: dropping a reopened turn failed", self.call_id)
+        self._unanswered = " ".join(w for w in (self._unanswered, words) if w) or None
 
     def _hold_output(self, on: bool) -> None:
         if on != self._holding:
@@ -649,17 +756,12 @@ class CallSession:
             self.record.greeting_heard = heard_text
             self._pending_assistant = heard_text or None
             return
-        record = reply.record
+        record = reply.record  # a reply whose audio was heard: its LLM had started (else `_reopen` took it)
         if record is not None:
             record.interrupted = True
             record.agent_text = reply.text
-            record.heard_text = heard_text if reply.llm_started else ""
-            if not reply.llm_started:  # the caller went on talking before the agent answered: keep their words
-                record.user_text = await self._late_transcript(reply)
-                self._unanswered = record.user_text or None
+            record.heard_text = heard_text
             self._finish_turn(reply)
-        if not reply.llm_started:
-            return
         heard_tokens = 0
         for text_end, tokens in reply.pieces:
             if text_end <= char_end:

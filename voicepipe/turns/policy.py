@@ -80,6 +80,8 @@ class TurnPolicy:
         sound = (_verdict(evidence.acoustic_prob, s.acoustic_complete, s.acoustic_incomplete)
                  if self.uses_acoustic else None)
         if self.name == "hybrid":
+            if text is None and sound == "complete" and not s.acoustic_alone:
+                sound = "unsure"  # the sound alone does not end a turn: wait for the words
             verdict, reason = _combine(text, sound)
         else:
             verdict = text if self.name == "text" else sound

@@ -1,0 +1,92 @@
+"""One call's end-of-turn evidence: what Smart Turn hears, which evidence counts, and what a decision records."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from voicepipe.config import TurnSettings
+from voicepipe.pipeline.turn_taking import PRE_SPEECH_S, TurnTaking
+from voicepipe.turns.policy import TurnPolicy
+from voicepipe.vad.turn import TurnView
+
+RATE = 16000
+
+
+class FakeSmartTurn:
+    """Stands in for the ONNX model: records what it was given, answers `prob`."""
+
+    def __init__(self, prob: float) -> None:
+        self.prob, self.heard = prob, []
+
+    def predict(self, audio: np.ndarray) -> float:
+        self.heard.append(audio.copy())
+        return self.prob
+
+
+def taking(prob: float = 0.9, policy: str = "hybrid") -> tuple[TurnTaking, FakeSmartTurn]:
+    model = FakeSmartTurn(prob)
+    settings = TurnSettings(short_wait_ms=200, middle_wait_ms=700, long_wait_ms=2500)
+    return TurnTaking(TurnPolicy(policy, settings, 600), model, RATE), model
+
+
+def view(silence_ms: float) -> TurnView:
+    return TurnView(speech_seen=True, in_speech=False, silence_ms=silence_ms)
+
+
+def test_smart_turn_hears_the_turn_from_just_before_its_speech_to_its_end_and_no_silence_after() -> None:
+    async def main():
+        turns, model = taking()
+        audio = np.arange(3 * RATE, dtype=np.int64).astype(np.int16)  # sample i holds i (mod 2**16)
+        turns.push(audio[:RATE])
+        turns.speech_started(RATE // 2)
+        turns.push(audio[RATE:])
+        turns.speech_ended(2 * RATE)  # the speech ended 1 s ago
+        await asyncio.sleep(0.05)
+        (heard,) = model.heard
+        first = RATE // 2 - int(PRE_SPEECH_S * RATE)
+        assert np.array_equal(heard, audio[first:2 * RATE])
+        assert turns.acoustic_prob == 0.9
+
+    asyncio.run(main())
+
+
+def test_evidence_of_an_earlier_pause_does_not_count_once_the_caller_speaks_again() -> None:
+    async def main():
+        turns, _ = taking()
+        turns.push(np.zeros(RATE, np.int16))
+        turns.speech_started(100)
+        turns.speech_ended(RATE)
+        segment = turns.segment
+        turns.speech_started(RATE + 100)  # before the score lands
+        await asyncio.sleep(0.05)
+        turns.text_known(segment, 0.9)
+        assert turns.acoustic_prob is None and turns.text_prob is None
+        turns.text_known(turns.segment, 0.8)
+        assert turns.text_prob == 0.8
+
+    asyncio.run(main())
+
+
+def test_decide_asks_the_policy_with_the_evidence_and_records_the_deciding_one() -> None:
+    turns, _ = taking(policy="text")
+    assert not turns.decide(TurnView(speech_seen=True, in_speech=True, silence_ms=0))
+    assert not turns.decide(view(300)) and turns.decision_record() == {}  # unsure (no words yet): 700 ms
+    turns.text_known(turns.segment, 0.9)
+    assert turns.decide(view(300))
+    record = turns.decision_record()
+    assert (record["policy"], record["action"], record["wait_ms"], record["text_prob"]) == ("text", "end", 200, 0.9)
+
+
+def test_a_reopened_decision_goes_to_the_turn_that_goes_on() -> None:
+    turns, _ = taking(policy="text")
+    turns.speech_started(RATE)
+    turns.text_known(turns.segment, 0.9)
+    turns.decide(view(250))
+    decision = turns.decision_record()
+    turns.turn_ended()
+    turns.speech_started(5 * RATE)
+    turns.reopen(decision, t=3.5)
+    assert turns.take_reopened() == [{**decision, "t": 3.5}] and turns.take_reopened() == []
+    assert turns._turn_start == RATE - int(PRE_SPEECH_S * RATE)  # the reopened turn's audio starts where it began
