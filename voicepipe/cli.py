@@ -121,7 +121,7 @@ def call(
     """Call the agent like a phone provider would: speak a WAV at real-time pace, record the replies."""
     import asyncio
 
-    from voicepipe.transports.client import TRANSPORTS, call_wav, format_report, result_summary
+    from voicepipe.caller import TRANSPORTS, call_wav, format_report, result_summary
 
     if transport not in TRANSPORTS:
         raise typer.BadParameter(f"--transport must be one of {', '.join(TRANSPORTS)}")
@@ -254,13 +254,40 @@ def bench_call(
     report = run_call_bench(settings_with(), calls or [1, 4], turns, url, token, progress=console.print)
     if json_file is not None:
         json_file.write_text(json.dumps(report, indent=2))
-    table = Table("calls", "v2v p50", "v2v p95", "response p50", "response p95", "TTFT p50", f"TTFT t{turns}/t2",
-                  title="voice calls (ms)")
+    table = Table("calls", "turn policy", "v2v p50", "v2v p95", "response p50", "response p95", "TTFT p50",
+                  f"TTFT t{turns}/t2", title="voice calls (ms)")
     for run in report["runs"]:
         v, r, t = run["voice_to_voice_ms"], run["response_ms"], run["ttft_ms"]
-        table.add_row(str(run["calls"]), str(v["p50"]), str(v["p95"]), str(r["p50"]), str(r["p95"]), str(t["p50"]),
-                      str(run.get(f"ttft_turn{turns}_over_turn2")))
+        table.add_row(str(run["calls"]), run["policy"], str(v["p50"]), str(v["p95"]), str(r["p50"]), str(r["p95"]),
+                      str(t["p50"]), str(run.get(f"ttft_turn{turns}_over_turn2")))
     console.print(table)
+    console.print(f"voice_to_voice_ratio ({report['policies'][-1]} / silence) by calls: "
+                  f"{report['voice_to_voice_ratio_by_calls']}")
+
+
+@bench_app.command("turns")
+def bench_turns(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    sweep: Annotated[bool, typer.Option(help="Also search the thresholds that give hybrid its shortest wait.")] =
+        False,
+    evidence: Annotated[Path | None, typer.Option(
+        help="Recorded evidence: replayed if the file exists (seconds, no models), else recorded into it.")] = None,
+) -> None:
+    """Every end-of-turn policy over one labelled set: wait after complete sentences, false cut-offs at pauses."""
+    from voicepipe.bench.turns import run_turns_bench
+
+    settings = settings_with()
+    report = run_turns_bench(settings, settings.paths.data_dir / "turn-corpus", sweep=sweep, evidence_file=evidence,
+                             progress=lambda line: err_console.print(line, highlight=False))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("policy", "wait p50", "wait p95", "false cut-offs", "complete cut", title="end of turn (ms)")
+    for name in ("silence", "text", "acoustic", "hybrid"):
+        table.add_row(name, *(str(report[f"{name}_{key}"]) for key in
+                              ("wait_p50_ms", "wait_p95_ms", "false_cutoff_rate", "complete_cut_rate")))
+    console.print(table)
+    console.print(f"wait_ratio {report['wait_ratio']} · decision_p95_ms {report.get('decision_p95_ms')} · "
+                  f"text evidence {report.get('text_ready_p50_ms')} ms after the VAD's speech end (p50)")
 
 
 @bench_app.command("observability")

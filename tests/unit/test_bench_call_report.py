@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from voicepipe.pipeline.bench_call import SENTENCES, WINDOW, WINDOW_RATIO, sentence_of_turn, summarize_run
-from voicepipe.transports.client import CallResult, ClientTurn
+from voicepipe.caller import CallResult, ClientTurn
+from voicepipe.pipeline.bench_call import (
+    SENTENCES,
+    WINDOW,
+    WINDOW_RATIO,
+    policy_ratios,
+    sentence_of_turn,
+    summarize_run,
+)
 
 
 def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(), empty: set[int] = frozenset(),
@@ -49,3 +56,13 @@ def test_short_runs_have_no_turn30_or_window_ratio() -> None:
     report = summarize_run([call("CA1", {2: 50.0, 8: 100.0}, turns=8)], turns=8, seconds=1.0)
     assert report["ttft_turn8_over_turn2"] == 2.0
     assert report["ttft_turn30_over_turn2"] is None and report[WINDOW_RATIO] is None
+
+
+def test_the_policy_ratio_divides_the_default_policys_voice_to_voice_by_silences_at_the_same_n():
+    def run(calls, policy, p50):
+        return {"calls": calls, "policy": policy, "voice_to_voice_ms": {"p50": p50}}
+
+    runs = [run(1, "silence", 800.0), run(1, "hybrid", 520.0), run(4, "silence", 1800.0), run(4, "hybrid", 1500.0)]
+    assert policy_ratios(runs, "hybrid") == {"voice_to_voice_ratio": 0.65,
+                                             "voice_to_voice_ratio_by_calls": {"1": 0.65, "4": 0.833}}
+    assert policy_ratios([run(4, "silence", 1000.0), run(4, "hybrid", None)], "hybrid")["voice_to_voice_ratio"] is None

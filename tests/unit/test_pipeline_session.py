@@ -709,7 +709,7 @@ def test_an_early_reply_tells_the_policy_how_finished_the_words_are() -> None:
             h.push(20, h.ev("speech_start"))
             h.push(300)
             h.push(20, h.ev("speech_end"))  # the early reply starts here, with the end probe
-            await h.settle(lambda: h.engine.calls)
+            await h.settle(lambda h=h: h.engine.calls)
             await asyncio.sleep(0.01)
             assert h.engine.probes == [probed] and h.call.turn_policy == policy
             assert h.call.turns.text_prob == (0.7 if probed else None)

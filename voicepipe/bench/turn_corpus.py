@@ -154,7 +154,7 @@ FADE_MS = 5  # the speech either side of a cut fades out / in over this, so the 
 # Piper's cut: the quietest 5 ms from this long before the aligned start of the next word to this long before it
 CUT_WINDOW_MS = (50, 10)
 QUIET = 2e-4  # below this (float) a sample of espeak-ng's output is part of a gap
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2  # bump when the audio a spec gives changes
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,7 +218,7 @@ def build_turn_corpus(synthesizer_or_voice: Synthesizer | PiperVoice, cache_dir:
         return cached
     out = []
     for i, (name, text, fragment, voice_name, label, pause_ms) in enumerate(specs):
-        out.append(_make(voice, name, text, fragment, voice_name, label, pause_ms))
+        out.append(make_utterance(voice, name, text, fragment, voice_name, label, pause_ms))
         if progress:
             progress(i + 1, len(specs))
     if cache_dir is not None:
@@ -237,8 +237,10 @@ def _specs() -> list[tuple[str, str, str | None, str, str, int | None]]:
     return specs
 
 
-def _make(piper_voice: PiperVoice, name: str, text: str, fragment: str | None, voice: str, label: str,
-          pause_ms: int | None) -> LabelledUtterance:
+def make_utterance(piper_voice: PiperVoice, name: str, text: str, fragment: str | None, voice: str, label: str,
+                   pause_ms: int | None) -> LabelledUtterance:
+    """One item of the set: `text` spoken by `voice` ("piper:<length_scale>" or "espeak:<voice>:<wpm>"), with a
+    `pause_ms` silence after `fragment` when there is one."""
     kind, *args = voice.split(":")
     silence = None if pause_ms is None else RATE * pause_ms // 1000
     if kind == "piper":

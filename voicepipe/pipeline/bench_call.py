@@ -6,6 +6,9 @@ Per run (one per N) the report holds p50/p95/p99 of
 - the LLM TTFT of each turn (server side), and TTFT at the last turn (30 by default) over turn 2, the
   figure that shows whether the call's KV cache keeps later turns as cheap as early ones (and the same over
   windows of seven turns, less noisy).
+Each N runs once per end-of-turn policy (the call's `turn_policy` parameter): `silence`, the old fixed rule, as
+the baseline, and the configured default; `voice_to_voice_ratio` is the default's voice-to-voice p50 over
+silence's, at the same N.
 Caller utterances are made with espeak-ng; calls run against `--url`, or an in-process server.
 """
 
@@ -21,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from voicepipe.caller import CallResult, Utterance, read_wav, run_call, utterance
 from voicepipe.server import serve_in_thread
-from voicepipe.transports.client import CallResult, Utterance, read_wav, run_call, utterance
 
 # The caller says these in turn. Seven of them: turn 30 says turn 2's sentence again (28 = 4 x 7) and any seven
 # consecutive turns say each one once, so the late-over-early TTFT ratios compare the same words early and late in
@@ -68,13 +71,16 @@ def make_utterances(turns: int, directory: Path) -> list[Utterance]:
     return out
 
 
-async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None) -> dict[str, Any]:
+async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None,
+                    policy: str | None = None) -> dict[str, Any]:
     url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws/twilio"
+    params = {"turn_policy": policy} if policy else None
     started = time.monotonic()
     results = await asyncio.gather(*[
-        run_call(url, "twilio", utterances, token=token, quiet_s=0.6, reply_timeout_s=120, record_url=base)
+        run_call(url, "twilio", utterances, params=params, token=token, quiet_s=0.6, reply_timeout_s=120,
+                 record_url=base)
         for _ in range(n_calls)])
-    return summarize_run(results, len(utterances), time.monotonic() - started)
+    return {"policy": policy, **summarize_run(results, len(utterances), time.monotonic() - started)}
 
 
 def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict[str, Any]:
@@ -127,30 +133,45 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
 
 def run_call_bench(settings, calls: list[int], turns: int = 30, url: str | None = None, token: str | None = None,
                    progress: Callable[[str], None] = print) -> dict[str, Any]:
+    policies = list(dict.fromkeys(["silence", settings.turn.policy]))
     with tempfile.TemporaryDirectory() as tmp:
         utterances = make_utterances(turns, Path(tmp))
         runs = []
+
+        def run_all(base: str) -> None:
+            for n in calls:
+                for policy in policies:
+                    progress(f"{n} concurrent call(s) of {turns} turns, turn policy {policy}")
+                    runs.append(asyncio.run(bench_run(base, n, utterances, token, policy)))
+                    progress(_one_line(runs[-1]))
+
         if url is None:
             progress("starting an in-process server (models load first)")
             with serve_in_thread(settings) as (base, _app):
-                for n in calls:
-                    progress(f"{n} concurrent call(s) of {turns} turns")
-                    runs.append(asyncio.run(bench_run(base, n, utterances, token)))
-                    progress(_one_line(runs[-1]))
+                run_all(base)
         else:
-            base = url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/")
-            for n in calls:
-                progress(f"{n} concurrent call(s) of {turns} turns")
-                runs.append(asyncio.run(bench_run(base, n, utterances, token)))
-                progress(_one_line(runs[-1]))
-    return {"transport": "twilio", "turns": turns, "runs": runs}
+            run_all(url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/"))
+    return {"transport": "twilio", "turns": turns, "policies": policies, "runs": runs,
+            **policy_ratios(runs, policies[-1])}
+
+
+def policy_ratios(runs: list[dict[str, Any]], policy: str) -> dict[str, Any]:
+    """`voice_to_voice_ratio`: `policy`'s voice-to-voice p50 over silence's at one call (else at the first N run),
+    and the same for every N (`voice_to_voice_ratio_by_calls`)."""
+    by_calls: dict[str, float | None] = {}
+    for n in dict.fromkeys(r["calls"] for r in runs):
+        p50 = {r["policy"]: r["voice_to_voice_ms"]["p50"] for r in runs if r["calls"] == n}
+        base, new = p50.get("silence"), p50.get(policy)
+        by_calls[str(n)] = round(new / base, 3) if base and new is not None else None
+    return {"voice_to_voice_ratio": by_calls.get("1", next(iter(by_calls.values()), None)),
+            "voice_to_voice_ratio_by_calls": by_calls}
 
 
 def _one_line(run: dict[str, Any]) -> str:
     v, r, t = run["voice_to_voice_ms"], run["response_ms"], run["ttft_ms"]
     ratio = next((value for key, value in run.items()
                   if key.startswith("ttft_turn") and key.endswith("_over_turn2") and value is not None), None)
-    return (f"calls={run['calls']}: voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, response p50/p95 "
-            f"{r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio} "
+    return (f"calls={run['calls']} ({run['policy']}): voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, "
+            f"response p50/p95 {r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio} "
             f"(last {WINDOW} / turns 2-{WINDOW + 1}: {run[WINDOW_RATIO]}), "
             f"turns without reply {run['turns_without_reply']}")

@@ -1,0 +1,90 @@
+"""`voicepipe bench turns`' replay of a policy over recorded evidence, and its figures."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from voicepipe.bench.turn_evidence import Evidence, Pause
+from voicepipe.bench.turns import RATE, WINDOW, Outcome, _known, _outcome, calibrate, flat_report, replay, score
+from voicepipe.config import Settings, TurnSettings
+from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy
+
+MS = RATE // 1000
+
+
+def brute_force(policy: TurnPolicy, ev: Evidence) -> Outcome:
+    """The policy asked after every VAD window, as a call's TurnDetector asks it (the replay's oracle)."""
+    for pause in ev.pauses:
+        stop = ev.processed if pause.resumed is None else pause.resumed
+        for pos in range(pause.at, stop, WINDOW):
+            evidence = TurnEvidence((pos - pause.end) / MS, _known(pause.text_prob, pause.text_ready, pos),
+                                    _known(pause.acoustic_prob, pause.acoustic_ready, pos))
+            if policy.decide(evidence).action == "end":
+                return _outcome(ev, pos)
+    return Outcome(None, None, False)
+
+
+def paused(text_prob, acoustic_prob, text_ms, acoustic_ms, pause_ms) -> Evidence:
+    """A fragment's speech end at 1 s, its continuation `pause_ms` later, and the end of it all at 3 s."""
+    end, at = 16000, 16000 + 140 * MS
+    first = Pause(end, at, 1, resumed=end + pause_ms * MS + 2 * WINDOW, text_prob=text_prob,
+                  acoustic_prob=acoustic_prob, text_ready=at + text_ms * MS, acoustic_ready=at + acoustic_ms * MS)
+    last = Pause(48000, 48000 + 140 * MS, 2, text_prob=0.8, acoustic_prob=0.9, text_ready=50560, acoustic_ready=50400)
+    return Evidence("p", "paused", "piper:1.0", speech_end=48000, pause_end=end + pause_ms * MS,
+                    processed=48000 + 3 * RATE, pauses=[first, last])
+
+
+def complete(text_prob, acoustic_prob, text_ms, acoustic_ms) -> Evidence:
+    end, at = 32000, 32000 + 140 * MS
+    return Evidence("c", "complete", "espeak:en-us:160", speech_end=end - 20 * MS, pause_end=None,
+                    processed=end + 3 * RATE,
+                    pauses=[Pause(end, at, 1, text_prob=text_prob, acoustic_prob=acoustic_prob,
+                                  text_ready=None if text_prob is None else at + text_ms * MS,
+                                  acoustic_ready=at + acoustic_ms * MS)])
+
+
+CASES = [complete(t, a, tm, am) for t, a, tm, am in itertools.product(
+    (None, 0.001, 0.05, 0.7), (0.05, 0.4, 0.95), (30, 200, 900), (20, 700))] + [
+    paused(t, a, tm, am, pm) for t, a, tm, am, pm in itertools.product(
+        (0.001, 0.05, 0.7), (0.05, 0.95), (30, 400), (20, 700), (500, 900, 1200))]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_the_replay_decides_where_asking_after_every_window_would(name) -> None:
+    for alone in (False, True):
+        policy = TurnPolicy(name, TurnSettings(acoustic_alone=alone), 600)
+        for ev in CASES:
+            assert replay(policy, ev) == brute_force(policy, ev), (name, ev)
+
+
+def test_a_complete_utterance_waits_from_its_true_end_and_a_pause_ended_early_is_a_cut_off() -> None:
+    text = TurnPolicy("text", TurnSettings(short_wait_ms=200, text_complete=0.5), 600)
+    outcome = replay(text, complete(0.7, 0.9, 30, 20))
+    assert not outcome.cut_off and outcome.wait_ms == pytest.approx(20 + 140 + 64, abs=1)  # 200 ms -> window at 224
+    assert replay(text, paused(0.7, 0.9, 30, 20, 900)).cut_off  # the fragment's words sounded finished
+    held = replay(text, paused(0.001, 0.9, 30, 20, 1200))
+    assert not held.cut_off and held.decided_at > 48000
+
+
+def test_the_report_holds_the_issues_flat_keys_and_the_ratio() -> None:
+    report = flat_report(CASES, Settings())
+    for name in POLICIES:
+        for key in ("wait_p50_ms", "wait_p95_ms", "false_cutoff_rate", "complete_cut_rate", "undecided"):
+            assert f"{name}_{key}" in report
+    assert report["wait_ratio"] == round(report["hybrid_wait_p50_ms"] / report["silence_wait_p50_ms"], 3)
+    # The VAD reports speech 64 ms into the continuation: the 600 ms rule cuts the 900 and 1200 ms pauses ...
+    assert report["silence_false_cutoff_rate"] == round(2 / 3, 4)
+    assert score(TurnPolicy("silence", TurnSettings(), 1300), CASES)["false_cutoff_rate"] == 0.0  # ... 1300 none
+
+
+def test_calibration_finds_thresholds_within_the_cut_off_bound() -> None:
+    cases = [complete(0.7, 0.9, 200, 20), complete(0.2, 0.4, 200, 20), paused(0.001, 0.95, 200, 20, 1200),
+             paused(0.05, 0.05, 200, 20, 900)]
+    best = calibrate(cases, TurnSettings(), max_cutoff=0.05)
+    assert best and best["false_cutoff_rate"] <= 0.05 and best["complete_cut_rate"] <= 0.05
+    trial = TurnSettings().model_copy(update={k: best[k] for k in (
+        "text_complete", "text_incomplete", "acoustic_complete", "acoustic_incomplete", "acoustic_alone",
+        "middle_wait_ms")})
+    assert score(TurnPolicy("hybrid", trial, 0), cases)["wait_p50_ms"] == best["wait_p50_ms"]

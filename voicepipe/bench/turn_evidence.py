@@ -1,0 +1,173 @@
+"""What the end-of-turn policy knows at each pause of a labelled utterance, recorded from real calls.
+
+Each utterance is one `CallSession` over the process's models (VAD, streaming STT, the LLM engine, TTS and Smart
+Turn), fed in 20 ms chunks at real-time pace, so the evidence arrives when it would in a call: the STT's pause
+decode, the early reply's prefill with its end probe, Smart Turn on a worker thread, all sharing the cores as in a
+call. The call's policy is told to wait 10 s at every pause, so it never ends the turn; its `TurnTaking` reports,
+in the call's samples, where the VAD reported each speech end and when each piece of evidence landed. Once the
+last pause's evidence is in, the rest of the utterance (silence) is not played. The agent's audio goes nowhere.
+`voicepipe.bench.turns` replays every policy over this record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from voicepipe.observability.hooks import Observers
+from voicepipe.vad.silero import WINDOW
+
+RATE = 16000
+CHUNK = RATE // 50  # 20 ms, as a carrier sends it
+EVIDENCE_WAIT_S = 1.5  # at most this long after the last speech end for its evidence
+NEVER_MS = 10_000  # the recording policy's wait: longer than any silence in the set
+
+
+@dataclass
+class Pause:
+    """One VAD speech end in an utterance, and when its evidence landed (sample positions of the utterance)."""
+
+    end: int  # the VAD's speech end: the caller's silence counts from here
+    at: int  # samples judged when the VAD reported it (the policy is first asked here)
+    segment: int  # TurnTaking.segment of the speech it ends
+    resumed: int | None = None  # samples judged when the VAD reported speech again (None: it did not)
+    text: str = ""  # what the early reply heard
+    text_prob: float | None = None
+    acoustic_prob: float | None = None
+    text_ready: int | None = None  # from here on the words' evidence is known (None: it never came)
+    acoustic_ready: int | None = None
+
+
+@dataclass
+class Evidence:
+    name: str
+    label: str  # "complete" or "paused"
+    voice: str
+    speech_end: int  # the truth: where the caller stopped (complete) or stopped for good (paused)
+    pause_end: int | None  # paused: where the continuation begins
+    processed: int  # the utterance's length in whole VAD windows
+    pauses: list[Pause] = field(default_factory=list)
+
+
+def save_evidence(evidence: list[Evidence], path: Path) -> None:
+    path.write_text(json.dumps([asdict(ev) for ev in evidence]))
+
+
+def load_evidence(path: Path) -> list[Evidence]:
+    """Evidence written by `save_evidence` (a recorded set replays every policy in seconds, without models)."""
+    out = []
+    for row in json.loads(path.read_text()):
+        pauses = [Pause(**p) for p in row.pop("pauses")]
+        out.append(Evidence(**row, pauses=pauses))
+    return out
+
+
+class _Sink:
+    """An AgentOutput that has played everything the moment it gets it."""
+
+    sample_rate = RATE
+
+    def play(self, audio, origin) -> None: ...
+    def end_of_reply(self) -> None: ...
+    def is_playing(self) -> bool: return False
+    def heard(self) -> list: return []
+    def clear(self) -> list: return []
+    def hold(self, on: bool) -> None: ...
+    def event(self, kind: str, **data: Any) -> None: ...
+
+
+def recording_settings(settings):
+    """`settings` with a hybrid policy that never ends a turn (so the call gathers all the evidence)."""
+    turn = settings.turn.model_copy(update={"policy": "hybrid", "acoustic": "on", "short_wait_ms": NEVER_MS,
+                                            "middle_wait_ms": NEVER_MS, "long_wait_ms": NEVER_MS})
+    return settings.model_copy(update={"turn": turn})
+
+
+def collect_evidence(items, resources, settings,
+                     progress: Callable[[int, int], None] | None = None) -> list[Evidence]:
+    """Evidence for every labelled utterance (`voicepipe.bench.turn_corpus.LabelledUtterance`), one call each."""
+    async def main() -> list[Evidence]:
+        out = []
+        for i, item in enumerate(items):
+            out.append(await _record(item, resources, recording_settings(settings)))
+            if progress:
+                progress(i + 1, len(items))
+        return out
+
+    return asyncio.run(main())
+
+
+class _Recorder:
+    """Observes one call: VAD reports and evidence, placed in the utterance's samples."""
+
+    def __init__(self, item, call) -> None:
+        self.call = call
+        length = len(item.audio) - len(item.audio) % WINDOW
+        self.ev = Evidence(item.name, item.label, item.voice, item.speech_end, item.pause_end, length)
+        self.heard = ""
+        self.last_report: float | None = None
+
+    def on_evidence(self, kind: str, segment: int, value: float | None) -> None:
+        if kind == "speech_end":
+            detector = self.call.detector
+            self.ev.pauses.append(Pause(detector.last_speech_end, detector.stream.samples_processed, segment))
+            self.last_report = asyncio.get_running_loop().time()
+            return
+        pause = next((p for p in reversed(self.ev.pauses) if p.segment == segment), None)
+        if pause is None:
+            return
+        now = self.call._vad_pos  # the next window the policy is asked after is past this sample
+        if kind == "text":
+            pause.text_prob, pause.text_ready, pause.text = value, now, self.heard
+        else:
+            pause.acoustic_prob, pause.acoustic_ready = value, now
+
+    # -- the CallObserver methods the call uses ------------------------------------------------------------------
+    def event(self, call, event: dict[str, Any]) -> None:
+        if event["type"] == "stt_final":
+            self.heard = event.get("text", "")
+        elif event["type"] == "vad" and event.get("kind") == "speech_start" and self.ev.pauses:
+            last = self.ev.pauses[-1]
+            if last.resumed is None:
+                last.resumed = self.call.detector.stream.samples_processed
+
+    def call_started(self, call) -> None: ...
+    def audio(self, *args) -> None: ...
+    def turn_finished(self, call, turn) -> None: ...
+    def call_ended(self, call) -> None: ...
+
+    def done(self, pushed: int) -> bool:
+        """The last pause of the utterance has its evidence (or has waited long enough for it)."""
+        if pushed < self.ev.speech_end or not self.ev.pauses or self.ev.pauses[-1].end < self.ev.speech_end - RATE:
+            return False
+        last = self.ev.pauses[-1]
+        waited = asyncio.get_running_loop().time() - (self.last_report or 0.0)
+        return (last.text_ready is not None and last.acoustic_ready is not None) or waited > EVIDENCE_WAIT_S
+
+
+async def _record(item, resources, settings) -> Evidence:
+    from voicepipe.pipeline.session import CallSession
+
+    observers = Observers()
+    call = CallSession(resources, settings, _Sink(), input_rate=RATE, transport="bench", observers=observers)
+    recorder = _Recorder(item, call)
+    observers.add(recorder)
+    await call.start()
+    call.turns.on_evidence = recorder.on_evidence
+    try:
+        while call._reply is not None:  # the greeting, played at once
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for i, pos in enumerate(range(0, len(item.audio), CHUNK)):
+            call.push_audio(item.audio[pos:pos + CHUNK])
+            if recorder.done(pos + CHUNK):
+                break
+            await asyncio.sleep(max(0.0, start + (i + 1) * CHUNK / RATE - loop.time()))
+    finally:
+        await call.close()
+    return recorder.ev

@@ -1,0 +1,248 @@
+"""`voicepipe bench turns`: every end-of-turn policy over one labelled set, in one run.
+
+The set (`voicepipe.bench.turn_corpus`) holds complete utterances and utterances with a 500-1200 ms pause after a
+plainly unfinished fragment. `voicepipe.bench.turn_evidence` plays each one as a real call and records, at each of
+the VAD's speech ends, the evidence the call got and when; here each policy is asked after every VAD window, as a
+call's `TurnDetector` asks it, with the evidence known by then. Figures:
+- wait: on complete utterances, from the true end of speech to the decision (`<policy>_wait_p50_ms`, p95);
+- false cut-off: paused utterances ended before their continuation began (`<policy>_false_cutoff_rate`);
+- `wait_ratio`: hybrid's wait p50 over silence's (the old rule, the baseline);
+- `decision_p95_ms`: what one text decision costs: what the end probe adds to the early reply's prefill (one more
+  row of the output projection, a softmax); `acoustic_decision_p95_ms`: one Smart Turn inference;
+- when the evidence lands: `text_ready_*` and `acoustic_ready_*`, from the VAD's report of the speech end.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from voicepipe.bench.turn_evidence import RATE, Evidence, collect_evidence, load_evidence, save_evidence
+from voicepipe.config import Settings, TurnSettings
+from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy
+from voicepipe.vad.silero import WINDOW
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decided_at: int | None  # the sample position of the "end" decision (None: never, within the audio)
+    wait_ms: float | None  # complete utterances: from the true end of speech to the decision
+    cut_off: bool  # ended before the caller had finished
+
+
+def replay(policy: TurnPolicy, ev: Evidence) -> Outcome:
+    """Where `policy`, asked after every VAD window of every pause with the evidence known by then, first ends
+    the turn. Between two arrivals of evidence the wait it asks for is fixed, so each such span is solved at once:
+    the first window of the span whose silence reaches the wait."""
+    for pause in ev.pauses:
+        stop = ev.processed if pause.resumed is None else pause.resumed
+        changes = sorted({pause.at, stop} | {r for r in (pause.text_ready, pause.acoustic_ready)
+                                             if r is not None and pause.at < r < stop})
+        for begin, end in zip(changes, changes[1:], strict=False):
+            first = pause.at + -(-(begin - pause.at) // WINDOW) * WINDOW  # the first window at or after `begin`
+            evidence = TurnEvidence(0.0, _known(pause.text_prob, pause.text_ready, first),
+                                    _known(pause.acoustic_prob, pause.acoustic_ready, first))
+            due = pause.end + int(-(-policy.decide(evidence).wait_ms * RATE // 1000))  # the silence is long enough
+            pos = max(first, pause.at + -(-(due - pause.at) // WINDOW) * WINDOW)
+            if pos < end:
+                return _outcome(ev, pos)
+    return Outcome(None, None, False)
+
+
+def _known(value: float | None, ready: int | None, pos: int) -> float | None:
+    return value if ready is not None and pos >= ready else None
+
+
+def _outcome(ev: Evidence, pos: int) -> Outcome:
+    finished = ev.speech_end if ev.label == "complete" else ev.pause_end
+    cut_off = pos < finished
+    wait = (pos - ev.speech_end) * 1000 / RATE if ev.label == "complete" and not cut_off else None
+    return Outcome(pos, wait, cut_off)
+
+
+def score(policy: TurnPolicy, evidence: list[Evidence]) -> dict[str, float | int | None]:
+    """One policy's figures over the set."""
+    outcomes = [(ev, replay(policy, ev)) for ev in evidence]
+    complete = [o for ev, o in outcomes if ev.label == "complete"]
+    paused = [o for ev, o in outcomes if ev.label == "paused"]
+    # a complete utterance never ended within its 3 s of silence waited at least that long
+    waits = [o.wait_ms if o.decided_at is not None else _tail_ms(ev) for ev, o in outcomes
+             if ev.label == "complete" and not o.cut_off]
+    return {"wait_p50_ms": _pct(waits, 50), "wait_p95_ms": _pct(waits, 95),
+            "false_cutoff_rate": _rate(sum(o.cut_off for o in paused), len(paused)),
+            "complete_cut_rate": _rate(sum(o.cut_off for o in complete), len(complete)),
+            "undecided": sum(o.decided_at is None for _, o in outcomes)}
+
+
+def _tail_ms(ev: Evidence) -> float:
+    return (ev.processed - ev.speech_end) * 1000 / RATE
+
+
+def flat_report(evidence: list[Evidence], settings: Settings, policies=POLICIES) -> dict[str, object]:
+    """The flat keys of the issue: `<policy>_wait_p50_ms`, `<policy>_false_cutoff_rate`, ..., `wait_ratio`."""
+    report: dict[str, object] = {}
+    for name in policies:
+        figures = score(TurnPolicy(name, settings.turn, settings.vad.end_of_turn_silence_ms), evidence)
+        report.update({f"{name}_{key}": value for key, value in figures.items()})
+    silence, hybrid = report.get("silence_wait_p50_ms"), report.get("hybrid_wait_p50_ms")
+    report["wait_ratio"] = round(hybrid / silence, 3) if silence and hybrid is not None else None
+    return report
+
+
+def calibrate(evidence: list[Evidence], settings: TurnSettings, max_cutoff: float = 0.05) -> dict[str, object]:
+    """The thresholds and middle wait that give hybrid the shortest wait p50 with false cut-off rates (paused and
+    complete utterances) of at most `max_cutoff`, searched over a grid (short and long waits as configured). The
+    defaults in `TurnSettings` come from this search."""
+    text_grid = [0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    sound_grid = [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 1.01]  # 1.01: the sound never says complete
+    best: tuple[tuple, dict] | None = None
+    for alone, middle in ((alone, middle) for alone in (False, True) for middle in (700, 1000, 1300)):
+        for t_lo, t_hi, a_lo, a_hi in ((t_lo, t_hi, a_lo, a_hi) for t_lo in text_grid for t_hi in text_grid
+                                       if t_hi >= t_lo for a_lo in sound_grid[:-1] for a_hi in sound_grid
+                                       if a_hi >= a_lo):
+            point = {"text_complete": t_hi, "text_incomplete": t_lo, "acoustic_complete": a_hi,
+                     "acoustic_incomplete": a_lo, "acoustic_alone": alone, "middle_wait_ms": middle}
+            figures = score(TurnPolicy("hybrid", settings.model_copy(update=point), 0), evidence)
+            if figures["false_cutoff_rate"] > max_cutoff or figures["complete_cut_rate"] > max_cutoff:
+                continue
+            key = (figures["wait_p50_ms"], figures["false_cutoff_rate"], figures["wait_p95_ms"])
+            if best is None or key < best[0]:
+                best = (key, {**point, **figures})
+    return {} if best is None else best[1]
+
+
+def run_turns_bench(settings: Settings, cache_dir, progress: Callable[[str], None] = print,
+                    sweep: bool = False, evidence_file: Path | None = None) -> dict[str, object]:
+    """The whole bench. With `evidence_file`: an existing file is the recorded evidence to replay (no models,
+    no costs measured); else the recording is written there."""
+    started = time.perf_counter()
+    if evidence_file is not None and evidence_file.is_file():
+        progress(f"replaying the evidence recorded in {evidence_file}")
+        evidence = load_evidence(evidence_file)
+        report: dict[str, object] = {**flat_report(evidence, settings), "evidence": str(evidence_file)}
+    else:
+        evidence, costs = _record(settings, cache_dir, progress)
+        if evidence_file is not None:
+            save_evidence(evidence, evidence_file)
+        report = {**flat_report(evidence, settings), **costs}
+    report.update(_about(evidence, settings))
+    if sweep:
+        progress("calibrating the thresholds")
+        report["calibration"] = calibrate(evidence, settings.turn)
+    report["pauses"] = [_pause_row(ev, p) for ev in evidence for p in ev.pauses]
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]):
+    """Play the labelled set as calls and record the evidence; measure what one decision's evidence costs."""
+    from voicepipe.bench.turn_corpus import build_turn_corpus
+    from voicepipe.pipeline.resources import call_resources
+    from voicepipe.runtime import Runtime
+
+    progress("loading the models")
+    runtime = Runtime(settings)
+    runtime.load()
+    try:
+        if runtime.turn is None:
+            raise RuntimeError("bench turns needs the acoustic model: run `voicepipe models fetch smart-turn-v3.2`.")
+        progress("building the labelled set (cached after the first run)")
+        items = build_turn_corpus(runtime.synthesizer, cache_dir, _every_tenth(progress, "synthesized"))
+        progress(f"playing {len(items)} utterances as calls, in real time, recording the evidence at every pause")
+        evidence = collect_evidence(items, call_resources(runtime), settings, _every_tenth(progress, "calls"))
+        progress("the end probe's and Smart Turn's cost")
+        probe_ms = _probe_cost(runtime.engine)
+        acoustic_ms = _acoustic_cost(runtime.turn, items)
+    finally:
+        runtime.close()
+    pauses = [p for ev in evidence for p in ev.pauses]
+    return evidence, {
+        "decision_p95_ms": _pct(probe_ms, 95),
+        "decision_p50_ms": _pct(probe_ms, 50),
+        "acoustic_decision_p95_ms": _pct(acoustic_ms, 95),
+        "text_ready_p50_ms": _ready(pauses, "text", 50),
+        "text_ready_p95_ms": _ready(pauses, "text", 95),
+        "acoustic_ready_p50_ms": _ready(pauses, "acoustic", 50),
+        "vad_report_p50_ms": _pct([(p.at - p.end) * 1000 / RATE for p in pauses], 50),
+    }
+
+
+def _about(evidence: list[Evidence], settings: Settings) -> dict[str, object]:
+    return {
+        "utterances": {"complete": sum(ev.label == "complete" for ev in evidence),
+                       "paused": sum(ev.label == "paused" for ev in evidence),
+                       "voices": sorted({ev.voice for ev in evidence})},
+        "settings": {"turn": settings.turn.model_dump(), "end_of_turn_silence_ms": settings.vad.end_of_turn_silence_ms,
+                     "vad_min_silence_ms": settings.vad.min_silence_ms},
+        "targets": {"hybrid_false_cutoff_rate": 0.05, "hybrid_wait_p50_ms": 250, "wait_ratio": 0.4,
+                    "decision_p95_ms": 30},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "load_avg": [round(x, 2) for x in os.getloadavg()]},
+    }
+
+
+def _probe_cost(engine, repeats: int = 50) -> list[float]:
+    """What the end probe adds to the early reply's prefill, which runs anyway (ms): the output projection of one
+    more row, and the softmax and sum over the end tokens. (When the words' K/V were prefilled while the caller
+    spoke, the tokens after the probe's row are computed again too: a few tokens of that prefill.)"""
+    import torch
+
+    head = engine.runner.model.get_output_embeddings()
+    hidden = torch.randn(2, head.weight.shape[1], dtype=engine.runner.dtype, device=engine.runner.device)
+    out = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            began = time.perf_counter()
+            head(hidden[:1])
+            one = time.perf_counter()
+            logits = head(hidden)
+            torch.softmax(logits[1:].float(), dim=-1)[:, engine.end_ids].sum(dim=-1).tolist()
+            out.append(((time.perf_counter() - one) - (one - began)) * 1000)
+    return out
+
+
+def _acoustic_cost(acoustic, items) -> list[float]:
+    """Smart Turn's inference time on each utterance's audio (ms), on an otherwise idle process."""
+    out = []
+    for item in items:
+        began = time.perf_counter()
+        acoustic.predict(item.audio[:item.speech_end])
+        out.append((time.perf_counter() - began) * 1000)
+    return out
+
+
+def _ready(pauses, kind: str, q: float) -> float | None:
+    """The q-th percentile of the time from the VAD's report of a speech end to `kind`'s evidence (ms)."""
+    return _pct([(getattr(p, f"{kind}_ready") - p.at) * 1000 / RATE for p in pauses
+                 if getattr(p, f"{kind}_ready") is not None], q)
+
+
+def _pause_row(ev: Evidence, p) -> dict[str, object]:
+    def since_report(ready: int | None) -> float | None:
+        return None if ready is None else round((ready - p.at) * 1000 / RATE, 1)
+
+    return {"name": ev.name, "label": ev.label, "voice": ev.voice, "text": p.text, "text_prob": p.text_prob,
+            "acoustic_prob": p.acoustic_prob, "silence_at_report_ms": round((p.at - p.end) * 1000 / RATE, 1),
+            "text_ready_ms": since_report(p.text_ready), "acoustic_ready_ms": since_report(p.acoustic_ready),
+            "final": p.resumed is None}
+
+
+def _every_tenth(progress: Callable[[str], None], what: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        if done == total or done % 10 == 0:
+            progress(f"  {done}/{total} {what}")
+    return report
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 1) if values else None
+
+
+def _rate(n: int, total: int) -> float | None:
+    return round(n / total, 4) if total else None
