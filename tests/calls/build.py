@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.speech_corpus import GENERATED, RATE, espeak, pink_noise, piper_clip, trim
-from voicepipe.transports.client import write_wav
+from voicepipe.caller import write_wav
 
 SUITE = Path(__file__).parent
 SUITE_SETTINGS = {"calls": {"max_reply_tokens": 12}}  # what the suite's cases are timed for

@@ -22,8 +22,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.net_helpers import in_process_server
+from voicepipe.caller import read_wav, run_call, utterance
 from voicepipe.config import load_settings
-from voicepipe.transports.client import make_wire, read_wav, run_call, utterance
+from voicepipe.transports.serializers import make_caller_serializer
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +104,7 @@ async def closed_with(ws) -> tuple[int | None, str | None]:
 
 async def ignored_then_works(base: str, transport: str) -> None:
     """Ignorable garbage before and after `start`: the socket stays up and the greeting still plays."""
-    wire = make_wire(transport, f"bad-{transport}-{time.monotonic_ns()}", {})
+    wire = make_caller_serializer(transport, f"bad-{transport}-{time.monotonic_ns()}", {})
     async with connect(url(base, transport), max_size=8 << 20) as ws:
         await ws.send('{"event": "media", "media": {"payload": ')  # malformed JSON
         await ws.send("[1, 2, 3]")
@@ -143,7 +144,7 @@ async def fatal(base: str, transport: str, frames: list, code: int, kind: str) -
 async def vanish_mid_reply(base: str, transport: str, app, voice) -> None:
     """Speak, wait for the answer's first audio, then drop the TCP connection without a close frame."""
     call_id = f"vanish-{transport}-{time.monotonic_ns()}"
-    wire = make_wire(transport, call_id, {"greeting": ""})
+    wire = make_caller_serializer(transport, call_id, {"greeting": ""})
     async with connect(url(base, transport), max_size=8 << 20) as ws:
         for frame in wire.start():
             await ws.send(frame)
@@ -187,7 +188,7 @@ def test_bad_input_while_a_healthy_call_goes_on(server, caller_voice, transport:
 
     async def bad_inputs() -> None:
         await ignored_then_works(base, transport)
-        start = make_wire(transport, "c-big", {}).start()
+        start = make_caller_serializer(transport, "c-big", {}).start()
         await fatal(base, transport, [*start, TWO_MB], 1009, "oversize")
         await fatal(base, transport, [bad_codec_start(transport)], 1003, "unsupported_codec")
         if transport not in BINARY_AUDIO:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.call_helpers import assert_history_keeps_what_was_heard, call_settings
 from tests.net_helpers import in_process_server
-from voicepipe.transports.client import Utterance, read_wav, run_call, utterance
+from voicepipe.caller import Utterance, read_wav, run_call, utterance
 
 pytestmark = pytest.mark.e2e
 
@@ -160,7 +160,7 @@ def test_voicepipe_call_cli(server, voice_dir: Path, tmp_path: Path) -> None:
 
     import numpy as np
 
-    from voicepipe.transports.client import write_wav
+    from voicepipe.caller import write_wav
 
     utts = [speak(text, voice_dir) for text, _ in THREE_TURNS]
     rate = utts[0].rate

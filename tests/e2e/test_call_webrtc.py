@@ -22,9 +22,10 @@ from tests.browser_helpers import chromium
 from tests.call_helpers import GREETING, assert_history_keeps_what_was_heard, call_settings
 from tests.e2e.test_call_transports import THREE_TURNS, speak
 from tests.net_helpers import in_process_server
-from voicepipe.transports.client import Utterance, WebRtcWire, format_report, run_call
+from voicepipe.caller import Utterance, format_report, run_call
+from voicepipe.caller.webrtc import PeerClient
+from voicepipe.transports.serializers.native import WebRtcCallerSerializer
 from voicepipe.transports.webrtc import hang_up_webrtc_calls
-from voicepipe.transports.webrtc.client_link import PeerClient
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +96,7 @@ def test_barge_in_over_webrtc(server, voice_dir: Path) -> None:
     # it stop? The client counts up to HANGOVER_S of silence after the last loud frame as part of a reply.
     during = [t for t, _ in result.audio_chunks if second.speech_start < t < second.speech_end]
     assert during, "the reply was already over when the caller spoke: nothing was interrupted"
-    stop_ms = (max(during) - WebRtcWire.HANGOVER_S - second.speech_start) * 1000
+    stop_ms = (max(during) - WebRtcCallerSerializer.HANGOVER_S - second.speech_start) * 1000
     print(f"webrtc barge-in: agent audio stopped {stop_ms:.0f} ms after the caller's speech start")
     # The track holds its audio from the VAD's speech start (calls.hold_on_speech), before the barge-in decision.
     assert stop_ms <= 300, f"agent audio went on {stop_ms:.0f} ms after the caller's speech start"
@@ -177,7 +178,7 @@ VANISHING_CALLER = """
 import asyncio, sys
 import numpy as np
 from voicepipe.transports.webrtc import hang_up_webrtc_calls
-from voicepipe.transports.webrtc.client_link import PeerClient
+from voicepipe.caller.webrtc import PeerClient
 
 async def main():
     async with PeerClient(sys.argv[1], sys.argv[2], {"greeting": sys.argv[3]}) as peer:

@@ -19,7 +19,7 @@ import pytest
 from tests.call_helpers import call_settings
 from tests.metrics_helpers import Scrape
 from tests.net_helpers import in_process_server
-from voicepipe.transports.client import read_wav, run_call, utterance
+from voicepipe.caller import read_wav, run_call, utterance
 
 pytestmark = pytest.mark.e2e
 

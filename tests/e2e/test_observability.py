@@ -25,9 +25,9 @@ from tests.e2e.test_call_bad_input import vanish_mid_reply
 from tests.e2e.test_call_transports import THREE_TURNS, speak
 from tests.metrics_helpers import Scrape
 from tests.net_helpers import in_process_server
+from voicepipe.caller import run_call
 from voicepipe.observability.timeline import CHAIN, EVENTS
 from voicepipe.observability.waterfall import turn_stages
-from voicepipe.transports.client import run_call
 
 pytestmark = pytest.mark.e2e
 

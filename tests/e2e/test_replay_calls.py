@@ -23,12 +23,12 @@ import pytest
 from tests.calls.build import SUITE_SETTINGS, build_suite, piper_voice_loader
 from tests.cli_helpers import run_cli
 from tests.net_helpers import running_server
+from voicepipe.caller import endpoint_url, play_call
 from voicepipe.replay.case import load_case
 from voicepipe.replay.init_case import init_case
 from voicepipe.replay.recording import arrival_lag_ms, load_recording
 from voicepipe.replay.reports import write_reports
 from voicepipe.replay.runner import ReplayOptions, run_replay
-from voicepipe.transports.client import endpoint_url, play_call
 
 pytestmark = pytest.mark.e2e
 

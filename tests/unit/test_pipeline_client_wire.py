@@ -5,14 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from voicepipe.caller import endpoint_url, http_base, split_utterances, voiced_span
 from voicepipe.transports import Cleared, Mark, Media, Start, make_serializer
-from voicepipe.transports.client import (
-    endpoint_url,
-    http_base,
-    make_wire,
-    split_utterances,
-    voiced_span,
-)
+from voicepipe.transports.serializers import make_caller_serializer
 
 TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native")
 
@@ -34,7 +29,7 @@ def decode_all(ser, frames) -> list:
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_client_frames_decode_on_the_server(transport: str) -> None:
     params = {"system_prompt": "Be brief.", "greeting": "Hey."}
-    wire = make_wire(transport, "call-1", params)
+    wire = make_caller_serializer(transport, "call-1", params)
     ser = make_serializer(transport)
     starts = [e for e in decode_all(ser, wire.start()) if isinstance(e, Start)]
     assert len(starts) == 1
@@ -57,7 +52,7 @@ def test_client_frames_decode_on_the_server(transport: str) -> None:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_server_frames_parse_on_the_client(transport: str) -> None:
-    wire = make_wire(transport, "call-2", {})
+    wire = make_caller_serializer(transport, "call-2", {})
     ser = make_serializer(transport)
     decode_all(ser, wire.start())
     audio = tone(ser.send_rate, 0.1)
@@ -94,7 +89,7 @@ def test_urls() -> None:
 
 
 def test_audiosocket_wire_against_the_serializer() -> None:
-    wire = make_wire("audiosocket", "not-a-uuid", {})
+    wire = make_caller_serializer("audiosocket", "not-a-uuid", {})
     ser = make_serializer("audiosocket")
     [start] = decode_all(ser, wire.start())
     assert isinstance(start, Start) and start.call_id == wire.call_id and start.sample_rate == 8000

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from voicepipe.transports.client import play_call
+from voicepipe.caller import play_call
 
 RATE = 16000
 

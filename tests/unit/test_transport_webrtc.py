@@ -13,14 +13,14 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, V
 from av import AudioFrame
 from fastapi.testclient import TestClient
 
+from voicepipe.caller import endpoint_url
+from voicepipe.caller.webrtc import offer_url
 from voicepipe.config import load_settings
 from voicepipe.server import create_app
-from voicepipe.transports.client import WebRtcWire, endpoint_url
 from voicepipe.transports.gateway import Connection
 from voicepipe.transports.playback import PlaybackController
 from voicepipe.transports.serializers.base import ChunkPolicy
-from voicepipe.transports.serializers.native import NativeSerializer
-from voicepipe.transports.webrtc.client_link import offer_url
+from voicepipe.transports.serializers.native import NativeSerializer, WebRtcCallerSerializer
 from voicepipe.transports.webrtc.link import PeerLink
 from voicepipe.transports.webrtc.media import FedTrack, MonoInput, PacedTrack
 from voicepipe.transports.webrtc.signalling import BadOffer, check_sdp, start_fields
@@ -118,7 +118,7 @@ def test_fed_track_sends_what_it_is_fed_with_rising_pts_and_drops_the_oldest_whe
 
 
 def test_webrtc_wire_counts_only_loud_frames_and_short_gaps_as_agent_audio() -> None:
-    wire = WebRtcWire("c", {})
+    wire = WebRtcCallerSerializer("c", {})
     silence, loud = np.zeros(960, np.int16), np.full(960, 2000, np.int16)
     assert wire.parse(silence) == []  # before the agent speaks
     assert [k for k, _ in wire.parse(loud)] == ["audio"]

@@ -16,10 +16,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from voicepipe.caller import run_call
 from voicepipe.config import Settings
 from voicepipe.pipeline.bench_call import make_utterances, stats
 from voicepipe.server import serve_in_thread
-from voicepipe.transports.client import run_call
 
 
 def _variant(settings: Settings, on: bool, root: Path) -> Settings:

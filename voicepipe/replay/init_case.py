@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from voicepipe.caller import write_wav
 from voicepipe.errors import VoicepipeError
 from voicepipe.replay.case import CASE_FILE, REPLAY_TRANSPORTS, load_case
 from voicepipe.replay.recording import Recording, load_recording
-from voicepipe.transports.client import write_wav
 
 
 def toml_value(value: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from voicepipe.transports.client import CallResult
+from voicepipe.caller import CallResult
 
 
 @dataclass

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from voicepipe.caller import endpoint_url, http_base, play_call
 from voicepipe.replay.case import CallCase, load_case
 from voicepipe.replay.checks import check_call
 from voicepipe.replay.golden import update_golden
 from voicepipe.replay.observed import ObservedCall, observe
 from voicepipe.replay.results import CaseResult, baseline_checks, report_dict
-from voicepipe.transports.client import endpoint_url, http_base, play_call
 
 REPLY_TAIL_S = 120.0  # past the end of the caller's audio: the last reply (up to 60 s) and the record (30 s)
 

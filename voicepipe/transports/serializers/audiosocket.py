@@ -4,18 +4,27 @@ Types: 0x00 hangup, 0x01 16-byte call UUID, 0x03 one ASCII DTMF digit, 0x10 sign
 mono at 8 kHz (newer Asterisk: 0x11-0x18 for 12/16/24/32/44.1/48/96/192 kHz), 0xff error (optional
 code; Asterisk's are bit flags: 0x01 caller hung up, 0x02 frame forwarding, 0x04 memory).
 TCP has no frames, so `decode` is a stream parser: feed it any slice of bytes, it keeps the rest.
-There is no mark and no clear; the playback controller paces on the local clock.
+There is no mark and no clear; the playback controller paces on the local clock. Asterisk's end of the same
+stream (what `voicepipe call --transport audiosocket` speaks) is `AudioSocketCallerSerializer`.
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from voicepipe.transports.events import Dtmf, Event, Media, ProtocolError, Start, Stop, TransportError
-from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Frame, Serializer, whole_frames
+from voicepipe.transports.serializers.base import (
+    DEFAULT_MAX_FRAME_BYTES,
+    CallerSerializer,
+    Frame,
+    Serializer,
+    whole_frames,
+)
 
 KIND_HANGUP = 0x00
 KIND_UUID = 0x01
@@ -45,6 +54,17 @@ def encode_message(kind: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, len(payload)) + payload
 
 
+def read_messages(buffer: bytearray) -> Iterator[tuple[int, bytes]]:
+    """Take each complete message off the front of `buffer`, one per step; an incomplete one stays for later."""
+    while len(buffer) >= HEADER.size:
+        kind, length = HEADER.unpack_from(buffer)
+        if len(buffer) < HEADER.size + length:
+            return
+        payload = bytes(buffer[HEADER.size : HEADER.size + length])
+        del buffer[: HEADER.size + length]
+        yield kind, payload
+
+
 class AudioSocketSerializer(Serializer):
     """Server side of one AudioSocket connection. `sample_rate` is the rate until audio says otherwise."""
 
@@ -70,17 +90,16 @@ class AudioSocketSerializer(Serializer):
             raise ProtocolError("oversize", f"{len(self._buffer) + len(frame)} bytes buffered")
         self._buffer += frame
         events: list[Event] = []
-        while len(self._buffer) >= HEADER.size and not self.closed:
-            kind, length = HEADER.unpack_from(self._buffer)
-            if len(self._buffer) < HEADER.size + length:
-                break
-            payload = bytes(self._buffer[HEADER.size : HEADER.size + length])
-            del self._buffer[: HEADER.size + length]
+        if self.closed:
+            return events
+        for kind, payload in read_messages(self._buffer):
             try:
                 events.extend(self._message(kind, payload))
             except ProtocolError as exc:
                 exc.events = events + exc.events
                 raise
+            if self.closed:  # what follows a hangup stays unread
+                break
         return events
 
     @property
@@ -142,3 +161,42 @@ class AudioSocketSerializer(Serializer):
 
     def encode_hangup(self) -> list[Frame]:
         return [encode_message(KIND_HANGUP)]
+
+
+class AudioSocketCallerSerializer(CallerSerializer):
+    """Asterisk's end: a UUID message, then 20 ms slin frames at 8 kHz; no marks, no clear. The call id is a
+    UUID (a name that is not one becomes the UUID derived from it)."""
+
+    link = "tcp"
+    codec = "l16le"
+
+    def __init__(self, call_id: str | None = None, params: dict[str, Any] | None = None,
+                 token: str | None = None) -> None:
+        super().__init__(call_id or str(uuid.uuid4()), params, token)
+        try:
+            self.uuid = uuid.UUID(self.call_id)
+        except ValueError:
+            self.uuid = uuid.uuid5(uuid.NAMESPACE_URL, self.call_id)
+        self.call_id = str(self.uuid)
+        self._buffer = bytearray()
+
+    def start(self) -> list[Frame]:
+        return [encode_message(KIND_UUID, self.uuid.bytes)]
+
+    def audio(self, pcm16: np.ndarray) -> list[Frame]:
+        return [encode_message(KIND_SLIN, self.encode(pcm16))]
+
+    def stop(self) -> list[Frame]:
+        return [encode_message(KIND_HANGUP)]
+
+    def parse(self, frame: Frame) -> list[tuple[str, Any]]:
+        self._buffer += frame
+        out: list[tuple[str, Any]] = []
+        for kind, payload in read_messages(self._buffer):
+            if kind == KIND_SLIN:
+                out.append(("audio", self.decode(payload)))
+            elif kind == KIND_HANGUP:
+                out.append(("hangup", None))
+            else:
+                out.append(("other", {"kind": kind}))
+        return out

@@ -1,4 +1,5 @@
-"""The serializer interface, the chunk policy the playback controller follows, and shared decode helpers."""
+"""The two ends of a wire format (`Serializer`: the server's; `CallerSerializer`: the provider's or client app's),
+the chunk policy the playback controller follows, and the helpers both ends share."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import base64
 import binascii
 import json
 import logging
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -179,6 +181,82 @@ class Serializer(ABC):
         if not isinstance(frame, str):
             raise ProtocolError("wrong_frame_type", f"{self.name} sends text frames only, got binary")
         return frame
+
+
+class CallerSerializer(ABC):
+    """The far end of one provider's wire format: what the provider (or a client app) sends a voicepipe server,
+    and what it makes of the server's frames. What `voicepipe call`, the benches and the tests speak. Pure, like
+    `Serializer`; one instance per call.
+
+    `parse` turns one received frame into (kind, value) items: ("audio", int16 samples at `rate`), ("mark",
+    name) to echo once the audio before it has played, ("clear", None), ("event", message) for the native
+    protocol's events, ("hangup", None), and ("other", anything else).
+    """
+
+    rate: int = 8000  # caller audio, both ways
+    codec: str = "pcmu"
+    link: str = "websocket"  # what the call travels on: "websocket", "tcp" or "webrtc"
+    path: str | None = None  # the server's endpoint for this transport
+
+    def __init__(self, call_id: str | None = None, params: dict[str, Any] | None = None,
+                 token: str | None = None) -> None:
+        self.call_id = call_id or f"CA{uuid.uuid4().hex}"
+        self.params = dict(params or {})
+        self.token = token
+        self._codec = get_codec(self.codec)
+
+    def headers(self) -> dict[str, str]:
+        """Headers of the connection request: the shared secret, where the server expects it."""
+        return {"authorization": f"Bearer {self.token}"} if self.token else {}
+
+    @abstractmethod
+    def start(self) -> list[Frame]:
+        """The frames that open the call."""
+
+    @abstractmethod
+    def audio(self, pcm16: np.ndarray) -> list[Frame]:
+        """Frames that carry caller audio (int16 mono at `rate`, 20 ms at a time)."""
+
+    def mark_ack(self, name: str) -> list[Frame]:
+        """The echo of the server's mark `name`, once the audio before it has played."""
+        return []
+
+    def clear_ack(self) -> list[Frame]:
+        """The answer to a clear (after the echoes of the marks it dropped)."""
+        return []
+
+    def stop(self) -> list[Frame]:
+        """The frames that hang up."""
+        return []
+
+    @abstractmethod
+    def parse(self, frame: Frame) -> list[tuple[str, Any]]:
+        """One received frame as (kind, value) items."""
+
+    def encode(self, pcm16: np.ndarray) -> bytes:
+        return self._codec.encode(pcm16)
+
+    def decode(self, data: bytes) -> np.ndarray:
+        return self._codec.decode(data)
+
+
+class PcmCallerSerializer(CallerSerializer):
+    """A caller's end whose audio is binary 16-bit PCM frames and whose control messages are JSON text."""
+
+    rate = 16000
+    codec = "l16le"
+
+    def audio(self, pcm16: np.ndarray) -> list[Frame]:
+        return [self.encode(pcm16)]
+
+    def parse(self, frame: Frame) -> list[tuple[str, Any]]:
+        if isinstance(frame, bytes):
+            return [("audio", self.decode(frame))]
+        return [self.control(parse_json(frame))]
+
+    @abstractmethod
+    def control(self, message: dict[str, Any]) -> tuple[str, Any]:
+        """One JSON control message from the server as a (kind, value) item."""
 
 
 def pad_to(samples: np.ndarray, size: int) -> np.ndarray:

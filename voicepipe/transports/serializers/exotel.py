@@ -5,10 +5,12 @@ Outbound chunks must be at least 100 ms, at most 100 kB, and a multiple of 320 b
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, ChunkPolicy, Frame, pad_to
-from voicepipe.transports.serializers.mediastream import Dialect, MediaStreamSerializer
+from voicepipe.transports.serializers.mediastream import Dialect, MediaStreamCallerSerializer, MediaStreamSerializer
 
 EXOTEL = Dialect(
     name="exotel",
@@ -68,3 +70,24 @@ class ExotelSerializer(MediaStreamSerializer):
         per = -(-size // pieces // policy.multiple) * policy.multiple
         encode = super().encode_audio
         return [frame for i in range(0, size, per) for frame in encode(samples[i : i + per])]
+
+
+class ExotelCallerSerializer(MediaStreamCallerSerializer):
+    """Exotel's end: 16 kHz slin; every number a string, the sample rate too; no media track."""
+
+    dialect = EXOTEL
+    path = "/ws/exotel"
+    rate = 16000
+    codec = "l16le"
+    encoding = "raw/slin"
+    track = None
+
+    def media_format(self) -> dict[str, Any]:
+        return {"encoding": self.encoding, "sample_rate": str(self.rate), "bit_rate": "16"}
+
+    def start_fields(self) -> dict[str, Any]:
+        return {"stream_sid": self.stream_id, "account_sid": "voicepipe", "from": "+15550000001",
+                "to": "+15550000002"}
+
+    def stop_fields(self) -> dict[str, Any]:
+        return {"call_sid": self.call_id, "reason": "callended"}

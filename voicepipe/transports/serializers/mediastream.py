@@ -1,11 +1,15 @@
-"""The shape Twilio, Telnyx and Exotel share: JSON text frames with an `event` field and base64 media.
+"""The shape Twilio, Telnyx, Exotel (and, mostly, Plivo) share: JSON text frames with an `event` field and base64
+media, both ways.
 
 Each provider is a `Dialect` (its key spellings, encodings, rates and outbound envelope) handed to one
-`MediaStreamSerializer`; the provider modules only declare their dialect.
+`MediaStreamSerializer` (the server's end) and one `MediaStreamCallerSerializer` (the provider's end); the
+provider modules declare their dialect and what their own messages add. Media and marks have the same shape in
+both directions, so both ends build and read them with the functions at the bottom of this module.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +29,7 @@ from voicepipe.transports.events import (
 from voicepipe.transports.reorder import ReorderBuffer
 from voicepipe.transports.serializers.base import (
     DEFAULT_MAX_FRAME_BYTES,
+    CallerSerializer,
     Frame,
     Serializer,
     as_int,
@@ -157,7 +162,7 @@ class MediaStreamSerializer(Serializer):
         if not self.started:
             raise ProtocolError("media_before_start", "media received before start")
         media = get_obj(message, "media")
-        audio = self._decode_pcm(b64decode(media.get("payload")))
+        audio = self._decode_pcm(media_payload(message))
         return [
             Media(
                 audio=audio,
@@ -168,10 +173,7 @@ class MediaStreamSerializer(Serializer):
         ]
 
     def _on_mark(self, message: dict[str, Any]) -> list[Event]:
-        name = get_obj(message, "mark").get("name")
-        if not isinstance(name, str):
-            raise ProtocolError("missing_field", "mark.name must be a string")
-        return [Mark(name)]
+        return [Mark(mark_name(message))]
 
     def _on_dtmf(self, message: dict[str, Any]) -> list[Event]:
         digit = get_obj(message, "dtmf").get("digit")
@@ -195,10 +197,10 @@ class MediaStreamSerializer(Serializer):
         payload = self._encode_pcm(pcm16)
         if not payload:
             return []
-        return [self._envelope("media", {"media": {"payload": b64encode(payload)}})]
+        return [self._envelope("media", media_body(payload))]
 
     def encode_mark(self, name: str) -> list[Frame]:
-        return [self._envelope("mark", {"mark": {"name": name}})]
+        return [self._envelope("mark", mark_body(name))]
 
     def encode_clear(self) -> list[Frame]:
         return [self._envelope("clear", {})]
@@ -210,6 +212,102 @@ class MediaStreamSerializer(Serializer):
             message[self.dialect.stream] = self.stream_id
         message.update(body)
         return dumps(message)
+
+
+class MediaStreamCallerSerializer(CallerSerializer):
+    """The provider's end of a Twilio-style media stream. Subclasses set `dialect` and say what their own
+    `connected`, `start` and `stop` messages carry."""
+
+    dialect: Dialect
+    encoding: str  # the provider's name for `codec`, as its start message spells it
+    connected: dict[str, Any] | None = {}  # the fields of the `connected` message before `start` (None: none)
+    track: str | None = "inbound"  # media.track of the audio sent (None: the provider sends none)
+    numbers_as_text = True  # sequence numbers and chunk counters are decimal strings (Twilio, Telnyx, Exotel)
+    server_events = {"media": "audio", "mark": "mark", "clear": "clear"}  # what the server's events are
+
+    def __init__(self, call_id: str | None = None, params: dict[str, Any] | None = None,
+                 token: str | None = None) -> None:
+        super().__init__(call_id, params, token)
+        self.stream_id = f"MZ{uuid.uuid4().hex}"
+        self._sequence = 0
+        self._chunk = 0
+
+    def start(self) -> list[Frame]:
+        d = self.dialect
+        body = {d.call: self.call_id, d.custom_parameters: self.params, d.media_format: self.media_format(),
+                **self.start_fields()}
+        connected = [] if self.connected is None else [dumps({"event": "connected", **self.connected})]
+        return [*connected, self._message("start", {"start": body})]
+
+    def media_format(self) -> dict[str, Any]:
+        return {"encoding": self.encoding, self.dialect.sample_rate: self.rate, "channels": 1}
+
+    def start_fields(self) -> dict[str, Any]:
+        """What the provider's `start` body carries besides the call id, parameters and media format."""
+        return {}
+
+    def stop_fields(self) -> dict[str, Any]:
+        """The provider's `stop` body."""
+        return {}
+
+    def audio(self, pcm16: np.ndarray) -> list[Frame]:
+        self._chunk += 1
+        fields = {"track": self.track} if self.track is not None else {}
+        fields.update(chunk=self._number(self._chunk), timestamp=str(self._chunk * 20))
+        return [self._message("media", media_body(self.encode(pcm16), **fields))]
+
+    def mark_ack(self, name: str) -> list[Frame]:
+        return [self._message("mark", mark_body(name))]
+
+    def stop(self) -> list[Frame]:
+        return [self._message("stop", {"stop": self.stop_fields()})]
+
+    def parse(self, frame: Frame) -> list[tuple[str, Any]]:
+        message = parse_json(frame)
+        kind = self.server_events.get(message.get("event"))
+        if kind == "audio":
+            return [("audio", self.decode(media_payload(message)))]
+        if kind == "mark":
+            return [("mark", self.read_mark(message))]
+        return [("clear", None)] if kind == "clear" else [("other", message)]
+
+    def read_mark(self, message: dict[str, Any]) -> str:
+        return mark_name(message)
+
+    def _message(self, event: str, body: dict[str, Any], stream: bool = True) -> str:
+        """`event` numbered in sequence, with the stream id unless `stream` is False, then `body`."""
+        self._sequence += 1
+        message: dict[str, Any] = {"event": event, self.dialect.sequence: self._number(self._sequence)}
+        if stream:
+            message[self.dialect.stream] = self.stream_id
+        return dumps({**message, **body})
+
+    def _number(self, n: int) -> int | str:
+        return str(n) if self.numbers_as_text else n
+
+
+# -- the messages both ends build and read ------------------------------------------------------------------
+
+
+def media_body(payload: bytes, **fields: Any) -> dict[str, Any]:
+    """A `media` message's body: the audio payload (base64) and any other `media` fields."""
+    return {"media": {**fields, "payload": b64encode(payload)}}
+
+
+def media_payload(message: dict[str, Any]) -> bytes:
+    """The audio of a `media` (or Plivo `playAudio`) message."""
+    return b64decode(get_obj(message, "media").get("payload"))
+
+
+def mark_body(name: str) -> dict[str, Any]:
+    return {"mark": {"name": name}}
+
+
+def mark_name(message: dict[str, Any]) -> str:
+    name = get_obj(message, "mark").get("name")
+    if not isinstance(name, str):
+        raise ProtocolError("missing_field", "mark.name must be a string")
+    return name
 
 
 def _str(value: Any) -> str | None:

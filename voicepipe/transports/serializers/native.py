@@ -3,16 +3,27 @@
 Specified in docs/native-protocol.md. The client picks the sample rate in `start`; audio both ways uses
 it. Marks are optional: a client that says `"marks": true` echoes each `mark` once the audio before it
 has played; otherwise the server runs the playout cursor on its own clock.
+
+A WebRTC call speaks this protocol too (webrtc/link.py turns the peer connection into these frames), so its
+caller's end is here as well: `WebRtcCallerSerializer`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
 from voicepipe.transports.events import Dtmf, Event, Mark, Media, ProtocolError, Start, Stop
-from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Frame, Serializer, dumps, parse_json
+from voicepipe.transports.serializers.base import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Frame,
+    PcmCallerSerializer,
+    Serializer,
+    dumps,
+    parse_json,
+)
 
 RATES = frozenset({8000, 16000, 24000, 48000})
 START_FIELDS = ("system_prompt", "greeting", "metadata")
@@ -41,9 +52,7 @@ class NativeSerializer(Serializer):
         if kind == "start":
             return [self._on_start(message)]
         if kind == "mark":
-            if not isinstance(message.get("name"), str):
-                raise ProtocolError("missing_field", "mark.name must be a string")
-            return [Mark(message["name"])]
+            return [Mark(mark_name(message))]
         if kind == "dtmf":
             digit = message.get("digit")
             if not isinstance(digit, str) or len(digit) != 1:
@@ -84,7 +93,7 @@ class NativeSerializer(Serializer):
         return [data] if data else []
 
     def encode_mark(self, name: str) -> list[Frame]:
-        return [dumps({"type": "mark", "name": name})] if self.supports_marks else []
+        return [mark_message(name)] if self.supports_marks else []
 
     def encode_clear(self) -> list[Frame]:
         return [dumps({"type": "clear"})]
@@ -118,3 +127,83 @@ class NativeSerializer(Serializer):
 
     def encode_error(self, code: str, message: str) -> list[Frame]:
         return [dumps({"type": "error", "code": code, "message": message})]
+
+
+class NativeCallerSerializer(PcmCallerSerializer):
+    """A client of `/ws`: 16 kHz PCM16, marks on; the server's events come out of `parse` as ("event", message)."""
+
+    path = "/ws"
+
+    def start(self) -> list[Frame]:
+        return [start_message(self.rate, {"call_id": self.call_id, "marks": True, **self.params})]
+
+    def mark_ack(self, name: str) -> list[Frame]:
+        return [mark_message(name)]
+
+    def stop(self) -> list[Frame]:
+        return [stop_message("hangup")]
+
+    def control(self, message: dict[str, Any]) -> tuple[str, Any]:
+        kind = message.get("type")
+        if kind == "mark":
+            return "mark", mark_name(message)
+        return ("clear", None) if kind == "clear" else ("event", message)
+
+
+class WebRtcCallerSerializer(NativeCallerSerializer):
+    """A WebRTC peer: 48 kHz mono PCM frames on the audio tracks, the native events on the data channel (the
+    signalling happens when the link opens, so there is no start message; marks stay inside the server).
+
+    The server's track never stops sending: frames of silence are not agent audio, except the short gaps
+    inside a reply (up to `HANGOVER_S` after the last loud frame), which stay in the recording."""
+
+    link = "webrtc"
+    path = "/webrtc/offer"
+    rate = 48000  # WebRTC's audio rate (webrtc/media.py), as int16 arrays: the link does the Opus
+    SILENCE_PEAK = 64  # int16 peak below which a received frame is silence
+    HANGOVER_S = 0.3
+
+    def __init__(self, call_id: str | None = None, params: dict[str, Any] | None = None,
+                 token: str | None = None) -> None:
+        super().__init__(call_id, params, token)
+        self._quiet: int | None = None  # samples of silence since the last loud frame (None: no agent audio yet)
+
+    def start(self) -> list[Frame]:
+        return []
+
+    def audio(self, pcm16: np.ndarray) -> list[np.ndarray]:
+        return [pcm16]
+
+    def parse(self, frame: str | np.ndarray) -> list[tuple[str, Any]]:
+        if isinstance(frame, str):
+            return [("event", json.loads(frame))]
+        if len(frame) and int(np.abs(frame.astype(np.int32)).max()) > self.SILENCE_PEAK:
+            self._quiet = 0
+            return [("audio", frame)]
+        if self._quiet is None or self._quiet >= self.HANGOVER_S * self.rate:
+            return []
+        self._quiet += len(frame)
+        return [("audio", frame)]
+
+
+# -- the messages both ends build and read (webrtc/link.py builds them too) ---------------------------------
+
+
+def start_message(sample_rate: int, fields: dict[str, Any]) -> str:
+    """A client's `start`: PCM16 at `sample_rate` both ways, then `fields` (`call_id`, `marks`, `greeting`, ...)."""
+    return dumps({"type": "start", "sample_rate": sample_rate, "encoding": "pcm16", **fields})
+
+
+def stop_message(reason: str) -> str:
+    return dumps({"type": "stop", "reason": reason})
+
+
+def mark_message(name: str) -> str:
+    """A mark, both ways: the server sends it behind the audio it follows, the client echoes it once played."""
+    return dumps({"type": "mark", "name": name})
+
+
+def mark_name(message: dict[str, Any]) -> str:
+    if not isinstance(message.get("name"), str):
+        raise ProtocolError("missing_field", "mark.name must be a string")
+    return message["name"]

@@ -13,8 +13,13 @@ from typing import Any
 import numpy as np
 
 from voicepipe.transports.events import Cleared, Event, Mark, ProtocolError, Start
-from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Frame, b64encode, dumps
-from voicepipe.transports.serializers.mediastream import Dialect, MediaStreamSerializer
+from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Frame, dumps
+from voicepipe.transports.serializers.mediastream import (
+    Dialect,
+    MediaStreamCallerSerializer,
+    MediaStreamSerializer,
+    media_body,
+)
 
 PLIVO = Dialect(
     name="plivo",
@@ -59,10 +64,7 @@ class PlivoSerializer(MediaStreamSerializer):
         return [start]
 
     def _on_played(self, message: dict[str, Any]) -> list[Event]:
-        name = message.get("name")
-        if not isinstance(name, str):
-            raise ProtocolError("missing_field", "playedStream.name must be a string")
-        return [Mark(name)]
+        return [Mark(checkpoint_name(message))]
 
     def _on_dtmf(self, message: dict[str, Any]) -> list[Event]:
         if "dtmf" not in message and isinstance(message.get("digit"), str):
@@ -74,12 +76,8 @@ class PlivoSerializer(MediaStreamSerializer):
         if not payload:
             return []
         start: Start = self._require_start()
-        media = {
-            "contentType": _CONTENT_TYPES[start.send_codec],
-            "sampleRate": start.send_rate,
-            "payload": b64encode(payload),
-        }
-        return [dumps({"event": "playAudio", "media": media})]
+        media = media_body(payload, contentType=_CONTENT_TYPES[start.send_codec], sampleRate=start.send_rate)
+        return [dumps({"event": "playAudio", **media})]
 
     def encode_mark(self, name: str) -> list[Frame]:
         self._require_start()
@@ -88,6 +86,49 @@ class PlivoSerializer(MediaStreamSerializer):
     def encode_clear(self) -> list[Frame]:
         self._require_start()
         return [dumps({"event": "clearAudio", "streamId": self.stream_id})]
+
+
+class PlivoCallerSerializer(MediaStreamCallerSerializer):
+    """Plivo's end: 16 kHz L16, numbers as numbers, no `connected` and no `stop` (the socket just closes);
+    marks are answered with `playedStream`, clears with `clearedAudio`."""
+
+    dialect = PLIVO
+    path = "/ws/plivo"
+    rate = 16000
+    codec = "l16le"
+    encoding = "audio/x-l16"
+    connected = None
+    numbers_as_text = False
+    server_events = {"playAudio": "audio", "checkpoint": "mark", "clearAudio": "clear"}
+
+    def media_format(self) -> dict[str, Any]:
+        return {"encoding": self.encoding, "sampleRate": self.rate}
+
+    def start(self) -> list[Frame]:
+        d = self.dialect
+        body = {d.call: self.call_id, d.stream: self.stream_id, "accountId": "MA0000", "tracks": ["inbound"],
+                d.custom_parameters: self.params, d.media_format: self.media_format()}
+        return [self._message("start", {"start": body}, stream=False)]
+
+    def mark_ack(self, name: str) -> list[Frame]:
+        return [self._message("playedStream", {"name": name})]
+
+    def clear_ack(self) -> list[Frame]:
+        return [self._message("clearedAudio", {})]
+
+    def stop(self) -> list[Frame]:
+        return []
+
+    def read_mark(self, message: dict[str, Any]) -> str:
+        return checkpoint_name(message)
+
+
+def checkpoint_name(message: dict[str, Any]) -> str:
+    """The name of a `checkpoint` (the server's mark) or of the `playedStream` that answers it."""
+    name = message.get("name")
+    if not isinstance(name, str):
+        raise ProtocolError("missing_field", f"{message.get('event')}.name must be a string"[:100])
+    return name
 
 
 def _rate(text: str) -> int | None:

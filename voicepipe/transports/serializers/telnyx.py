@@ -7,11 +7,13 @@ The inbound codec comes from `start.media_format`; the outbound one is set on th
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
+from voicepipe.auth import TELNYX_AUTH_HEADER
 from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES
-from voicepipe.transports.serializers.mediastream import Dialect, MediaStreamSerializer
+from voicepipe.transports.serializers.mediastream import Dialect, MediaStreamCallerSerializer, MediaStreamSerializer
 
 _8K, _8K_16K = frozenset({8000}), frozenset({8000, 16000})
 
@@ -46,3 +48,21 @@ class TelnyxSerializer(MediaStreamSerializer):
         if l16_byteorder == "little":
             self.dialect = replace(TELNYX, encodings={**TELNYX.encodings, "L16": "l16le"})
         super().__init__(max_frame_bytes, reorder_window, outbound_encoding, outbound_sample_rate)
+
+
+class TelnyxCallerSerializer(MediaStreamCallerSerializer):
+    """Telnyx's end: the shared secret goes in Telnyx's own header, not as a bearer token."""
+
+    dialect = TELNYX
+    path = "/ws/telnyx"
+    encoding = "PCMU"
+    connected = {"version": "1.0.0"}
+
+    def headers(self) -> dict[str, str]:
+        return {TELNYX_AUTH_HEADER: self.token} if self.token else {}
+
+    def start_fields(self) -> dict[str, Any]:
+        return {"call_session_id": str(uuid.uuid4()), "from": "+15550000001", "to": "+15550000002"}
+
+    def stop_fields(self) -> dict[str, Any]:
+        return {"call_control_id": self.call_id}

@@ -17,6 +17,7 @@ from voicepipe.transports.events import Cleared, Connected, Dtmf, Event, Mark, M
 from voicepipe.transports.serializers.base import (
     DEFAULT_MAX_FRAME_BYTES,
     Frame,
+    PcmCallerSerializer,
     Serializer,
     dumps,
     parse_json,
@@ -53,11 +54,7 @@ class VonageSerializer(Serializer):
         if event == "websocket:cleared":
             return [Cleared()]
         if event == "websocket:notify":
-            payload = message.get("payload")
-            name = payload.get("name") if isinstance(payload, dict) else None
-            if not isinstance(name, str):
-                raise ProtocolError("missing_field", "websocket:notify payload has no name")
-            return [Mark(name)]
+            return [Mark(notify_name(message))]
         if event == "websocket:dtmf":
             digit = message.get("digit")
             if not isinstance(digit, str) or len(digit) != 1:
@@ -92,7 +89,44 @@ class VonageSerializer(Serializer):
         return [data[i : i + step] for i in range(0, len(data), step)]
 
     def encode_mark(self, name: str) -> list[Frame]:
-        return [dumps({"action": "notify", "payload": {"name": name}})] if self.supports_marks else []
+        return [dumps({"action": "notify", **notify_body(name)})] if self.supports_marks else []
 
     def encode_clear(self) -> list[Frame]:
         return [dumps({"action": "clear"})]
+
+
+class VonageCallerSerializer(PcmCallerSerializer):
+    """Vonage's end: `websocket:connected` with the NCCO's headers, then binary 16 kHz L16."""
+
+    path = "/ws/vonage"
+
+    def start(self) -> list[Frame]:
+        return [dumps({"event": "websocket:connected", "content-type": f"audio/l16;rate={self.rate}",
+                       "uuid": self.call_id, **self.params})]
+
+    def mark_ack(self, name: str) -> list[Frame]:
+        return [dumps({"event": "websocket:notify", **notify_body(name)})]
+
+    def clear_ack(self) -> list[Frame]:
+        return [dumps({"event": "websocket:cleared"})]
+
+    def control(self, message: dict[str, Any]) -> tuple[str, Any]:
+        action = message.get("action")
+        if action == "notify":
+            return "mark", notify_name(message)
+        return ("clear", None) if action == "clear" else ("other", message)
+
+
+# -- a mark, both ways: the server's `notify` action and Vonage's `websocket:notify` answer carry the same payload
+
+
+def notify_body(name: str) -> dict[str, Any]:
+    return {"payload": {"name": name}}
+
+
+def notify_name(message: dict[str, Any]) -> str:
+    payload = message.get("payload")
+    name = payload.get("name") if isinstance(payload, dict) else None
+    if not isinstance(name, str):
+        raise ProtocolError("missing_field", "websocket:notify payload has no name")
+    return name

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 
+from voicepipe.transports.serializers.native import mark_message, start_message, stop_message
 from voicepipe.transports.webrtc.media import RATE, PacedTrack, drain
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ class PeerLink:
         self.label = label
         self.track = PacedTrack(self._played)
         pc.addTrack(self.track)
-        self._start = json.dumps({"type": "start", "sample_rate": RATE, "encoding": "pcm16", "marks": True,
-                                  **start})
+        self._start = start_message(RATE, {"marks": True, **start})
         self._inbox: asyncio.Queue[dict] = asyncio.Queue()
         self._started = False
         self._ended = False
@@ -130,22 +130,20 @@ class PeerLink:
         except (ValueError, AttributeError):
             kind = None
         if kind == "stop" and self._started and not self._ended:
-            self._inbox.put_nowait({"type": "websocket.receive", "text": json.dumps({"type": "stop",
-                                                                                     "reason": "hangup"})})
+            self._inbox.put_nowait({"type": "websocket.receive", "text": stop_message("hangup")})
         else:
             log.info("%s: ignoring a data channel message (%s)", self.label, kind or "not a JSON object")
 
     def hang_up(self, reason: str) -> None:
         """End the call from this side, as the caller's hang-up would (e.g. the server is stopping)."""
         if self._started and not self._ended:
-            self._inbox.put_nowait({"type": "websocket.receive", "text": json.dumps({"type": "stop",
-                                                                                     "reason": reason})})
+            self._inbox.put_nowait({"type": "websocket.receive", "text": stop_message(reason)})
         else:
             self._end(reason)
 
     def _played(self, mark: str) -> None:
         if not self._ended:
-            self._inbox.put_nowait({"type": "websocket.receive", "text": json.dumps({"type": "mark", "name": mark})})
+            self._inbox.put_nowait({"type": "websocket.receive", "text": mark_message(mark)})
 
     # -- what Connection calls ------------------------------------------------------------------------
     async def receive(self) -> dict:

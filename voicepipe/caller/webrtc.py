@@ -1,5 +1,5 @@
-"""The caller's end of a WebRTC call, for `voicepipe call --transport webrtc`: an aiortc peer connection
-seen as the socket `run_call` drives (`send`, `async for`, `close_code`).
+"""The WebRTC caller, for `voicepipe call --transport webrtc`: an aiortc peer connection seen as the link the
+line drives (`send`, `async for`, `close_code`); what its frames mean is `WebRtcCallerSerializer`'s business.
 
 Opening it does the signalling (offer with every ICE candidate, POST to `/webrtc/offer`, answer) and waits
 until the peer is connected and the "events" data channel is open. `send` feeds 20 ms PCM frames (48 kHz

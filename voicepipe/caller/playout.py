@@ -1,0 +1,63 @@
+"""The local playout clock: the agent's audio plays on the caller's clock as a phone would play it, each piece
+after the one before. A mark is due once the audio received before it has played; a clear drops what has not
+played yet, and every pending mark is due at once (the providers answer a clear so). What played is recorded."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from voicepipe.audio import resample
+
+RECORD_RATE = 16000
+
+
+class Playout:
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.play_end = 0.0  # client clock: when the audio received so far has played
+        self.last_audio = 0.0  # client clock: when agent audio last arrived (0: never)
+        self._marks: list[tuple[float, str]] = []  # (due, name)
+        self._recorded: list[np.ndarray] = []  # at RECORD_RATE
+
+    def play(self, audio: np.ndarray, now: float) -> float:
+        """Play `audio` (at `rate`) after what is playing; returns its length in seconds."""
+        seconds = len(audio) / self.rate
+        self.play_end = max(self.play_end, now) + seconds
+        self.last_audio = now
+        self._recorded.append(resample(audio, self.rate, RECORD_RATE) if self.rate != RECORD_RATE else audio)
+        return seconds
+
+    def mark(self, name: str) -> None:
+        self._marks.append((self.play_end, name))
+
+    def due_marks(self, now: float) -> list[str]:
+        """The marks whose audio has played by `now`, in order; they are no longer pending."""
+        due = [name for at, name in self._marks if at <= now]
+        if due:
+            self._marks = [m for m in self._marks if m[0] > now]
+        return due
+
+    def clear(self, now: float) -> list[str]:
+        """Stop playing at `now` (the unplayed audio leaves the recording too); returns every pending mark."""
+        self._drop_recorded(int(max(0.0, self.play_end - now) * RECORD_RATE))
+        self.play_end = now
+        pending, self._marks = [name for _, name in self._marks], []
+        return pending
+
+    def quiet(self, quiet_s: float, now: float) -> bool:
+        """Whether everything received has played and nothing new came for `quiet_s`."""
+        return self.play_end <= now and now - max(self.last_audio, self.play_end) >= quiet_s
+
+    def recording(self) -> np.ndarray:
+        """The agent's audio as played, at RECORD_RATE."""
+        return np.concatenate(self._recorded) if self._recorded else np.zeros(0, np.int16)
+
+    def _drop_recorded(self, samples: int) -> None:
+        while samples > 0 and self._recorded:
+            last = self._recorded[-1]
+            if len(last) <= samples:
+                self._recorded.pop()
+                samples -= len(last)
+            else:
+                self._recorded[-1] = last[: len(last) - samples]
+                samples = 0
