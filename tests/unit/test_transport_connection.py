@@ -17,7 +17,7 @@ import pytest
 from tests.pipeline_fakes import FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream
 from voicepipe.config import Settings
 from voicepipe.pipeline import CallRegistry, CallResources, CallSession
-from voicepipe.transports.gateway import Connection
+from voicepipe.transports.connection import Connection
 from voicepipe.transports.serializers import make_serializer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "transports" / "twilio" / "inbound.json"

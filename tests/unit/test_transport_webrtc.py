@@ -17,7 +17,7 @@ from voicepipe.caller import endpoint_url
 from voicepipe.caller.webrtc import offer_url
 from voicepipe.config import load_settings
 from voicepipe.server import create_app
-from voicepipe.transports.gateway import Connection
+from voicepipe.transports.connection import Connection
 from voicepipe.transports.playback import PlaybackController
 from voicepipe.transports.serializers.base import ChunkPolicy
 from voicepipe.transports.serializers.native import NativeSerializer, WebRtcCallerSerializer

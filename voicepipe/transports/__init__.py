@@ -1,5 +1,6 @@
-"""transports room (see DESIGN.md): pure per-provider serializers, the playback controller, and the events
-they speak. The WebSocket gateway, WebRTC and the AudioSocket listener build on these and do the I/O."""
+"""transports room (see DESIGN.md): pure per-provider serializers (both ends of each wire format: the server's,
+and the caller's that voicepipe/caller/ speaks), the playback controller, and the events they speak. The
+WebSocket gateway, WebRTC and the AudioSocket listener build on these and do the I/O (connection.py)."""
 
 from voicepipe.transports.events import (
     REACTIONS,

@@ -14,6 +14,7 @@ import logging
 import threading
 
 from voicepipe.pipeline import call_resources
+from voicepipe.transports.connection import Connection
 from voicepipe.transports.serializers import make_serializer
 from voicepipe.transports.serializers.audiosocket import KIND_HANGUP, encode_message
 
@@ -57,8 +58,6 @@ class TCPLink:
 
 
 async def handle_audiosocket(app, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    from voicepipe.transports.gateway import Connection
-
     link = TCPLink(reader, writer)
     try:
         resources = await asyncio.to_thread(call_resources, app.state.runtime)

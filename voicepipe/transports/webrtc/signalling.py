@@ -23,8 +23,8 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from voicepipe.auth import check_http_token
 from voicepipe.pipeline import call_resources
+from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import ProtocolError
-from voicepipe.transports.gateway import Connection
 from voicepipe.transports.serializers.native import NativeSerializer
 from voicepipe.transports.webrtc.link import PeerLink
 
