@@ -80,21 +80,22 @@ class VADSettings(Section):
 
 class TurnSettings(Section):
     """The end-of-turn policy (voicepipe/turns/policy.py): how long the caller's silence lasts before the agent
-    answers, from the silence itself, the text so far (the call's LLM) and the sound of the speech (Smart Turn)."""
+    answers, from the silence itself, the text so far (the call's LLM) and the sound of the speech (Smart Turn).
+    The defaults are `voicepipe bench turns --sweep`'s calibration on its labelled set (README, Turn-taking)."""
 
     # silence: a fixed vad.end_of_turn_silence_ms (the old rule); text / acoustic / hybrid: a wait set by the evidence
-    policy: Literal["silence", "text", "acoustic", "hybrid"] = "hybrid"
-    # The acoustic model (models.turn): "on" refuses to start without it, "auto" logs and goes on without it
-    # (hybrid and acoustic then use the text alone), "off" never loads it.
+    policy: Literal["silence", "text", "acoustic", "hybrid"] = "text"
+    # The acoustic model (models.turn), loaded when the policy weighs the sound or when "on": "on" refuses to start
+    # without it, "auto" logs and goes on without it (the policies then use the text), "off" never loads it.
     acoustic: Literal["auto", "on", "off"] = "auto"
     short_wait_ms: int = Field(200, ge=0, le=10000)  # silence that ends a turn the evidence calls complete
-    middle_wait_ms: int = Field(700, ge=0, le=10000)  # ... when the evidence is unsure (or not there yet)
+    middle_wait_ms: int = Field(1300, ge=0, le=10000)  # ... when the evidence is unsure (or not there yet)
     long_wait_ms: int = Field(2500, ge=0, le=30000)  # ... when it says the caller is mid-thought
     # P(complete) at or above *_complete: complete; below *_incomplete: mid-thought; in between: unsure
-    text_complete: float = Field(0.5, ge=0.0, le=1.0)
-    text_incomplete: float = Field(0.1, ge=0.0, le=1.0)
+    text_complete: float = Field(0.4, ge=0.0, le=1.0)
+    text_incomplete: float = Field(0.003, ge=0.0, le=1.0)
     acoustic_complete: float = Field(0.5, ge=0.0, le=1.01)
-    acoustic_incomplete: float = Field(0.2, ge=0.0, le=1.0)
+    acoustic_incomplete: float = Field(0.05, ge=0.0, le=1.0)
     # hybrid: the sound alone may end a turn it calls complete before the words are known (else it waits for them)
     acoustic_alone: bool = False
 
@@ -172,7 +173,7 @@ class CallSettings(Section):
     greeting: str | None = "Hello! How can I help you today?"  # None or "": the agent waits for the caller
     barge_in_min_speech_ms: int = Field(150, ge=0, le=5000)  # caller speech that interrupts the agent
     # Caller speech while the agent talks holds the agent's audio at once (the VAD's speech start), before the
-    # barge-in decision; a noise shorter than barge_in_min_speech_ms lets it go on where it stopped.
+    # barge-in decision; a noise shorter than barge_in_min_speech_ms, or a backchannel, lets it go on where it stopped.
     hold_on_speech: bool = True
     # Start the reply at the VAD's speech end and hold its audio until the end-of-turn decision; dropped if the
     # caller resumes. Saves up to vad.end_of_turn_silence_ms per turn, at the cost of LLM work on false ends.
@@ -182,7 +183,8 @@ class CallSettings(Section):
     prefill_while_speaking: bool = True
     # While the agent speaks, caller speech interrupts it only once its words are known and are more than a
     # backchannel ("mm-hm", "yeah", "okay": voicepipe/turns/backchannel.py), or once it lasts backchannel_max_ms;
-    # the agent's audio is not held meanwhile. Off: any speech of barge_in_min_speech_ms interrupts.
+    # meanwhile the agent's audio is held (hold_on_speech) and goes on after a backchannel. Off: any speech of
+    # barge_in_min_speech_ms interrupts.
     backchannels: bool = True
     backchannel_max_ms: int = Field(900, ge=0, le=10000)
     # Pause the reply's LLM decoding while the TTS makes its first audio (at most this long; 0: off). On a CPU the

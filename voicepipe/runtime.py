@@ -95,9 +95,10 @@ class Runtime:
 
     @property
     def wants_turn_model(self) -> bool:
-        """Whether the end-of-turn policy weighs the acoustic evidence (turn.policy and turn.acoustic)."""
+        """Whether to load the acoustic model: turn.acoustic = "on" (calls may then pick `hybrid` or `acoustic` with
+        their turn_policy parameter), or "auto" with a default policy that weighs the sound."""
         turn = self.settings.turn
-        return turn.policy in ("acoustic", "hybrid") and turn.acoustic != "off"
+        return turn.acoustic == "on" or (turn.acoustic == "auto" and turn.policy in ("acoustic", "hybrid"))
 
     def _turn_model_path(self) -> Path | None:
         """The acoustic model's files; turn.acoustic="on" refuses a missing model, "auto" warns and goes on."""

@@ -647,13 +647,16 @@ def test_a_backchannel_over_the_agent_keeps_it_talking() -> None:
         h = Harness(backchannels=True, texts=["what time is it", "Mm-hmm."])
         await h.call.start()
         await h.one_turn()
+        h.stt.hold = True  # the words are still being decoded at the speech end
         h.push(20, h.ev("speech_start"))
         h.push(300)  # longer than barge_in_min_speech_ms: no longer enough to interrupt the agent
-        assert not h.output.held and h.output.clears == 0
+        assert h.output.held and h.output.clears == 0  # held (hold_on_speech) while its words are heard
         h.push(20, h.ev("speech_end"))
+        assert h.output.held  # not released at the speech end: the words decide
+        h.stt.futures[-1].set_result(SimpleNamespace(text="Mm-hmm."))
         await h.settle(lambda: h.call.record.turns[0].backchannels)
         assert h.call.record.turns[0].backchannels == ["Mm-hmm."]
-        assert h.output.clears == 0 and h.output.holds == [] and h.call.state is CallState.SPEAKING
+        assert h.output.clears == 0 and h.output.holds == [True, False] and h.call.state is CallState.SPEAKING
         assert ("transcript", {"text": "Mm-hmm.", "final": True, "turn": 1, "backchannel": True}) in h.output.events
         h.push(20, h.ev("end_of_turn"))  # the backchannel's own turn ends: nothing to answer
         h.output.playing = False

@@ -9,7 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voicepipe.transports.events import Cleared, Connected, Dtmf, Mark, Media, Start, Stop, TransportError
+from voicepipe.transports.events import (
+    Cleared,
+    Connected,
+    Dtmf,
+    Mark,
+    Media,
+    ProtocolError,
+    Start,
+    Stop,
+    TransportError,
+)
 from voicepipe.transports.serializers import make_serializer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transports"
@@ -147,3 +157,11 @@ def test_audiosocket_stream_decodes_to_the_expected_events():
     assert events[4] == Dtmf("4")
     assert events[5] == TransportError("0x02", "frame forwarding error")
     assert events[6] == Stop("hangup")
+
+
+def test_a_native_start_may_pick_the_calls_turn_policy():
+    start = make_serializer("native").decode(json.dumps({"type": "start", "turn_policy": "silence"}))[0]
+    assert start.custom_parameters == {"turn_policy": "silence"}
+    with pytest.raises(ProtocolError) as info:
+        make_serializer("native").decode(json.dumps({"type": "start", "turn_policy": 3}))
+    assert info.value.kind == "bad_start"

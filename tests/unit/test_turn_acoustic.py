@@ -115,8 +115,9 @@ def runtime_without_turn_model(tmp_path, **turn) -> Runtime:
     return Runtime(settings)
 
 
-def test_acoustic_on_refuses_a_missing_turn_model(tmp_path) -> None:
-    runtime = runtime_without_turn_model(tmp_path, acoustic="on", policy="hybrid")
+@pytest.mark.parametrize("policy", ["hybrid", "text"])  # "on" loads it for calls that pick hybrid, whatever the default
+def test_acoustic_on_refuses_a_missing_turn_model(tmp_path, policy) -> None:
+    runtime = runtime_without_turn_model(tmp_path, acoustic="on", policy=policy)
     with pytest.raises(ModelError) as info:
         runtime.model_paths()
     line = str(info.value)
@@ -135,8 +136,8 @@ def test_acoustic_auto_warns_once_and_goes_on(tmp_path, caplog) -> None:
     assert runtime.turn is None
 
 
-@pytest.mark.parametrize("turn", [{"acoustic": "off", "policy": "hybrid"}, {"acoustic": "on", "policy": "text"},
-                                  {"acoustic": "on", "policy": "silence"}])
+@pytest.mark.parametrize("turn", [{"acoustic": "off", "policy": "hybrid"}, {"acoustic": "auto", "policy": "text"},
+                                  {"acoustic": "auto", "policy": "silence"}])
 def test_turn_model_not_needed_is_not_looked_for(tmp_path, caplog, turn) -> None:
     runtime = runtime_without_turn_model(tmp_path, **turn)
     with caplog.at_level(logging.WARNING, logger="voicepipe.runtime"):

@@ -70,9 +70,13 @@ def test_a_decision_is_recorded_with_its_evidence_and_reason() -> None:
         "wait_ms": 200.0, "text_prob": 0.9123, "acoustic_prob": 0.88}
 
 
-def test_without_the_acoustic_model_the_policies_that_need_it_use_the_text() -> None:
-    assert [effective_policy(n, acoustic_loaded=False) for n in ("silence", "text", "acoustic", "hybrid")] == [
-        "silence", "text", "text", "text"]
-    assert effective_policy("hybrid", acoustic_loaded=True) == "hybrid"
+def test_a_call_runs_the_policy_its_evidence_allows() -> None:
+    names = ("silence", "text", "acoustic", "hybrid")
+    assert [effective_policy(n, acoustic_loaded=True) for n in names] == list(names)
+    assert [effective_policy(n, acoustic_loaded=False) for n in names] == ["silence", "text", "text", "text"]
+    # no early replies, no end probe: the words are never scored
+    assert [effective_policy(n, True, words_scored=False) for n in names] == [
+        "silence", "silence", "acoustic", "acoustic"]
+    assert [effective_policy(n, False, words_scored=False) for n in names] == ["silence"] * 4
     with pytest.raises(ValueError, match="unknown turn policy"):
         TurnPolicy("semantic", S, 600)

@@ -96,25 +96,30 @@ def flat_report(evidence: list[Evidence], settings: Settings, policies=POLICIES)
 
 
 def calibrate(evidence: list[Evidence], settings: TurnSettings, max_cutoff: float = 0.05) -> dict[str, object]:
-    """The thresholds and middle wait that give hybrid the shortest wait p50 with false cut-off rates (paused and
-    complete utterances) of at most `max_cutoff`, searched over a grid (short and long waits as configured). The
-    defaults in `TurnSettings` come from this search."""
+    """For `text` and `hybrid`: the thresholds and middle wait that give the shortest wait p50 with false cut-off
+    rates (paused and complete utterances) of at most `max_cutoff`, searched over a grid (short and long waits as
+    configured); `best` names the policy with the shorter wait. The defaults in `TurnSettings` come from this."""
     text_grid = [0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     sound_grid = [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 1.01]  # 1.01: the sound never says complete
-    best: tuple[tuple, dict] | None = None
-    for alone, middle in ((alone, middle) for alone in (False, True) for middle in (700, 1000, 1300)):
-        for t_lo, t_hi, a_lo, a_hi in ((t_lo, t_hi, a_lo, a_hi) for t_lo in text_grid for t_hi in text_grid
-                                       if t_hi >= t_lo for a_lo in sound_grid[:-1] for a_hi in sound_grid
-                                       if a_hi >= a_lo):
-            point = {"text_complete": t_hi, "text_incomplete": t_lo, "acoustic_complete": a_hi,
-                     "acoustic_incomplete": a_lo, "acoustic_alone": alone, "middle_wait_ms": middle}
-            figures = score(TurnPolicy("hybrid", settings.model_copy(update=point), 0), evidence)
+    words = [{"text_complete": hi, "text_incomplete": lo} for lo in text_grid for hi in text_grid if hi >= lo]
+    sound = [{"acoustic_complete": hi, "acoustic_incomplete": lo, "acoustic_alone": alone}
+             for alone in (False, True) for lo in sound_grid[:-1] for hi in sound_grid if hi >= lo]
+    found: dict[str, object] = {}
+    for name, points in (("text", words), ("hybrid", [{**w, **a} for w in words for a in sound])):
+        best: tuple[tuple, dict] | None = None
+        for point in ({**p, "middle_wait_ms": middle} for p in points for middle in (700, 1000, 1300)):
+            figures = score(TurnPolicy(name, settings.model_copy(update=point), 0), evidence)
             if figures["false_cutoff_rate"] > max_cutoff or figures["complete_cut_rate"] > max_cutoff:
                 continue
-            key = (figures["wait_p50_ms"], figures["false_cutoff_rate"], figures["wait_p95_ms"])
+            key = (figures["wait_p50_ms"], figures["wait_p95_ms"], figures["false_cutoff_rate"])
             if best is None or key < best[0]:
                 best = (key, {**point, **figures})
-    return {} if best is None else best[1]
+        if best is not None:
+            found[name] = best[1]
+    if found:
+        found["best"] = min((n for n in ("text", "hybrid") if n in found),
+                            key=lambda n: (found[n]["wait_p50_ms"], found[n]["wait_p95_ms"]))
+    return found
 
 
 def run_turns_bench(settings: Settings, cache_dir, progress: Callable[[str], None] = print,

@@ -184,8 +184,9 @@ class CallSession:
         self._loop = asyncio.get_running_loop()
         self.record.started_mono = time.monotonic()
         self.session = self.res.engine.open_session(self.system_prompt)
-        policy = TurnPolicy(effective_policy(self.turn_policy, self.res.turn is not None), self.settings.turn,
-                            self.settings.vad.end_of_turn_silence_ms)
+        policy = TurnPolicy(effective_policy(self.turn_policy, self.res.turn is not None,
+                                             words_scored=self.cfg.preemptive_generation),
+                            self.settings.turn, self.settings.vad.end_of_turn_silence_ms)
         self.turns = TurnTaking(policy, self.res.turn, PIPELINE_RATE)
         self.detector = self._make_detector()
         self.stt = self.res.transcriber.open_stream(PIPELINE_RATE, on_partial=self._on_partial)
@@ -273,11 +274,14 @@ class CallSession:
             elif ev.kind == "speech_end":
                 self._speech_end = ev.sample
                 self._speech_start = None
-                self._hold_output(False)  # a noise: the agent goes on
+                hearing = self._over_agent() and self._stt_turn_active  # its words decide (_check_backchannel)
+                if not hearing:
+                    self._hold_output(False)  # a noise: the agent goes on
                 self.turns.speech_ended(self._audible_end(ev.sample))
                 if self._stt_turn_active:
                     self._next_timeline["speech_end"] = self._sample_time(self._audible_end(ev.sample))
                     self._start_early_reply()
+                if hearing:
                     self._check_backchannel()
             elif ev.kind == "end_of_turn":
                 self._on_end_of_turn()
@@ -306,9 +310,8 @@ class CallSession:
         self._speech_start = sample
         self._speech_end = None
         self._last_activity = time.monotonic()
-        if (self.cfg.hold_on_speech and self._reply is not None and self.state in (CallState.THINKING,
-                                                                                    CallState.SPEAKING)
-                and not self._over_agent()):
+        if self.cfg.hold_on_speech and self._reply is not None and self.state in (CallState.THINKING,
+                                                                                   CallState.SPEAKING):
             self._hold_output(True)  # stop the agent's audio now; the barge-in decision comes a little later
         if self._early is not None:  # the caller goes on: the reply started at their pause is not wanted
             self._drop_early_reply()
@@ -658,20 +661,18 @@ class CallSession:
         return self.cfg.backchannels and self.state is CallState.SPEAKING and self._reply is not None
 
     def _check_backchannel(self) -> None:
-        """Caller speech over the agent ended: its words decide whether it was a backchannel or an interruption."""
+        """Caller speech over the agent ended: its words decide whether it was a backchannel (the agent goes on, where
+        it stopped if `hold_on_speech` held it) or an interruption."""
         reply = self._reply
-        if not self._over_agent():
-            return
         future = asyncio.wrap_future(self.stt.peek(self._stt_end()))
         segment = self.turns.segment
         future.add_done_callback(lambda f: self._backchannel_heard(reply, segment, f))
 
     def _backchannel_heard(self, reply: _Reply, segment: int, future: asyncio.Future) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
         if self._reply is not reply or self.turns.segment != segment or self.closed:
             return  # the reply ended, or the caller spoke again (that speech decides)
-        text = future.result().text.strip()
+        failed = future.cancelled() or future.exception() is not None
+        text = "" if failed else future.result().text.strip()
         if text and not is_backchannel(text):
             self._barge_in()
             return
@@ -681,6 +682,7 @@ class CallSession:
                 reply.record.backchannels.append(text)
             self.note("backchannel", turn=reply.turn, text=text)
             self._emit("transcript", {"text": text, "final": True, "turn": reply.turn, "backchannel": True})
+        self._hold_output(False)  # a backchannel, or a noise with no words: the agent goes on
         self.stt.resume()
 
     def _barge_in(self) -> None:

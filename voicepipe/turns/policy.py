@@ -48,10 +48,18 @@ class TurnDecision:
                 "text_prob": _rounded(evidence.text_prob), "acoustic_prob": _rounded(evidence.acoustic_prob)}
 
 
-def effective_policy(name: str, acoustic_loaded: bool) -> str:
-    """The policy a call runs: one that needs the acoustic model uses the text alone when the model is not loaded
-    (`turn.acoustic = "auto"` with no model file, or `"off"`)."""
-    return "text" if name in ("acoustic", "hybrid") and not acoustic_loaded else name
+def effective_policy(name: str, acoustic_loaded: bool, words_scored: bool = True) -> str:
+    """The policy a call runs, given the evidence it can have. Without the acoustic model (`turn.acoustic = "auto"`
+    with no model file, or `"off"`), `acoustic` and `hybrid` use the words alone; without scored words (the end
+    probe runs in early replies: `calls.preemptive_generation` off), `text` and `hybrid` use the sound alone;
+    with neither, the silence rule."""
+    if name == "silence":
+        return name
+    sound = acoustic_loaded and name in ("acoustic", "hybrid")
+    words = words_scored and (name in ("text", "hybrid") or not sound)  # `acoustic` without its model: the words
+    if not (sound or words):
+        return "silence"
+    return "hybrid" if sound and words else "acoustic" if sound else "text"
 
 
 class TurnPolicy:

@@ -1,4 +1,4 @@
-"""vad room: streaming Silero VAD and the end-of-turn decision (see DESIGN.md)."""
+"""vad room: streaming Silero VAD and its turn detector (the end-of-turn policy: turns/; docs/architecture.md)."""
 
 from voicepipe.vad.samples import AudioInputError
 from voicepipe.vad.silero import SileroVAD, TurnDetector, VADEvent, VADStream

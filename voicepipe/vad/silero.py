@@ -198,8 +198,7 @@ class VADStream:
 class TurnDetector:
     """VAD plus an end-of-turn policy for one call: adds `end_of_turn` events to the VAD's events.
 
-    After `end_of_turn` the detector starts a new turn; `transcript` may be set by the caller for policies
-    that read it (a semantic turn model).
+    After `end_of_turn` the detector starts a new turn.
     """
 
     def __init__(self, vad: SileroVAD, sample_rate: int = 16000, settings: VADSettings | None = None,
@@ -207,7 +206,6 @@ class TurnDetector:
         s = settings or VADSettings()
         self.stream = VADStream(vad, sample_rate, s)
         self.policy: EndOfTurnPolicy = policy or SilenceEndOfTurn(float(s.end_of_turn_silence_ms))
-        self.transcript: str | None = None
         self._new_turn()
 
     @property
@@ -219,7 +217,6 @@ class TurnDetector:
         self.speech_seen = False
         self.last_speech_end: int | None = None
         self._turn_speech = 0
-        self.transcript = None
 
     def view(self) -> TurnView:
         rate = self.stream.sample_rate
@@ -227,7 +224,7 @@ class TurnDetector:
         if not self.stream.in_speech and self.last_speech_end is not None:
             silence = max(0, self.stream.samples_processed - self.last_speech_end) * 1000 / rate
         speech_ms = self._turn_speech * 1000 / rate
-        return TurnView(self.speech_seen, self.stream.in_speech, silence, speech_ms, self.transcript)
+        return TurnView(self.speech_seen, self.stream.in_speech, silence, speech_ms)
 
     def push(self, samples: np.ndarray) -> list[VADEvent]:
         """Push audio of any length; the policy is asked after every model window, so the events do not

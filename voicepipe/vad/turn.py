@@ -1,4 +1,7 @@
-"""The end-of-turn decision, kept in one small policy object so a semantic turn model can replace it."""
+"""What a turn detector asks its end-of-turn policy, and the fixed-silence policy it runs alone.
+
+A call hands its detector the end-of-turn policy of voicepipe/turns/ (through voicepipe/pipeline/turn_taking.py);
+`SilenceEndOfTurn` is the default for a detector on its own (the speech bench, the VAD tests)."""
 
 from __future__ import annotations
 
@@ -8,13 +11,12 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class TurnView:
-    """What a policy may look at: the VAD state now, and the transcript so far when the caller has one."""
+    """What a policy may look at: the VAD state now."""
 
     speech_seen: bool  # the turn has had speech since it began
     in_speech: bool  # the VAD is inside a speech segment now
     silence_ms: float  # time since the last speech_end (0 while in speech)
     speech_ms: float = 0.0  # total speech in this turn
-    transcript: str | None = None  # the latest partial transcript, for semantic policies
 
 
 class EndOfTurnPolicy(Protocol):

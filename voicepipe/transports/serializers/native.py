@@ -26,7 +26,7 @@ from voicepipe.transports.serializers.base import (
 )
 
 RATES = frozenset({8000, 16000, 24000, 48000})
-START_FIELDS = ("system_prompt", "greeting", "metadata")
+START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy")
 PROTOCOL_VERSION = 1
 
 
@@ -71,7 +71,8 @@ class NativeSerializer(Serializer):
         encoding = message.get("encoding", "pcm16")
         if encoding != "pcm16":
             raise ProtocolError("unsupported_codec", f"encoding {encoding!r} (only 'pcm16')"[:100])
-        for key, kinds in (("system_prompt", str), ("greeting", (str, type(None))), ("metadata", dict)):
+        for key, kinds in (("system_prompt", str), ("greeting", (str, type(None))), ("metadata", dict),
+                           ("turn_policy", str)):
             if key in message and not isinstance(message[key], kinds):
                 raise ProtocolError("bad_start", f"start.{key} has the wrong type")
         call_id = message.get("call_id")
