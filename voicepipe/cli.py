@@ -249,7 +249,7 @@ def bench_call(
     token: Annotated[str | None, typer.Option(help="calls.auth_token of that server.")] = None,
 ) -> None:
     """N concurrent multi-turn Twilio calls: voice-to-voice, response latency and TTFT turn N over turn 2."""
-    from voicepipe.pipeline.bench_call import run_call_bench
+    from voicepipe.bench.call import run_call_bench
 
     report = run_call_bench(settings_with(), calls or [1, 4], turns, url, token, progress=console.print)
     if json_file is not None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from voicepipe.caller import CallResult, ClientTurn
-from voicepipe.pipeline.bench_call import (
+from voicepipe.bench.call import (
     SENTENCES,
     WINDOW,
     WINDOW_RATIO,
@@ -11,6 +10,7 @@ from voicepipe.pipeline.bench_call import (
     sentence_of_turn,
     summarize_run,
 )
+from voicepipe.caller import CallResult, ClientTurn
 
 
 def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(), empty: set[int] = frozenset(),

@@ -16,9 +16,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from voicepipe.bench.call import make_utterances, stats
 from voicepipe.caller import run_call
 from voicepipe.config import Settings
-from voicepipe.pipeline.bench_call import make_utterances, stats
 from voicepipe.server import serve_in_thread
 
 

@@ -1,1 +1,1 @@
-"""llm room (see DESIGN.md)."""
+"""llm room (see docs/architecture.md)."""

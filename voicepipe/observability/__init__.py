@@ -1,1 +1,1 @@
-"""observability room (see DESIGN.md)."""
+"""observability room (see docs/architecture.md)."""

@@ -107,7 +107,7 @@ class Metrics:
                                  ["transport"], registry=self.registry)
         self.calls = Counter("voicepipe_calls", "Calls ended, by outcome.", ["transport", "outcome"],
                              registry=self.registry)
-        self.registry.register(LiveCollector(self, engine))
+        self.registry.register(LiveCollector(self.snapshot, engine))
 
     # -- serving --------------------------------------------------------------------------------------------------
     def render(self, accept: str | None = None) -> tuple[bytes, str]:

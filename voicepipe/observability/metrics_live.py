@@ -8,13 +8,10 @@ loaded, so the set of exported names does not depend on the app's state.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from voicepipe.observability.metrics import Metrics
 
 # engine.stats() key -> (family, help); gauges, then counters
 ENGINE_GAUGES = {
@@ -42,14 +39,17 @@ ERROR_KINDS = {  # kind -> where it comes from
 
 
 class LiveCollector(Collector):
-    def __init__(self, metrics: Metrics, engine: Callable[[], Any]) -> None:
-        self._metrics = metrics
+    """`snapshot()` gives the live calls by transport and the error counts by kind (`Metrics.snapshot`); `engine()`
+    the LLM engine, or None while it is not loaded."""
+
+    def __init__(self, snapshot: Callable[[], tuple[Any, Any]], engine: Callable[[], Any]) -> None:
+        self._snapshot = snapshot
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine()
         stats = engine.stats() if engine is not None else None
-        transports, errors = self._metrics.snapshot()
+        transports, errors = self._snapshot()
         yield _active_calls(transports)
         yield _errors(errors, stats)
         ready = GaugeMetricFamily("voicepipe_llm_engine_ready", "1 once the LLM engine is loaded and running.")

@@ -1,4 +1,4 @@
-"""pipeline room (see DESIGN.md): the per-call state machine that wires VAD, STT, the LLM engine and TTS."""
+"""pipeline room (see docs/architecture.md): the per-call state machine that wires VAD, STT, the LLM engine and TTS."""
 
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.pipeline.registry import CallRegistry

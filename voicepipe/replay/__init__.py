@@ -1,1 +1,1 @@
-"""replay room (see DESIGN.md)."""
+"""replay room (see docs/architecture.md)."""

@@ -1,4 +1,4 @@
-"""stt room: streaming faster-whisper transcription, partial and final transcripts (see DESIGN.md)."""
+"""stt room: streaming faster-whisper transcription, partial and final transcripts (see docs/architecture.md)."""
 
 from voicepipe.stt.agreement import LocalAgreement, Word, group_words
 from voicepipe.stt.transcriber import STTOverloaded, Transcriber, TranscriberStats, Transcript, TranscriptStream

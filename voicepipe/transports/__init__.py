@@ -1,5 +1,5 @@
-"""transports room (see DESIGN.md): pure per-provider serializers (both ends of each wire format: the server's,
-and the caller's that voicepipe/caller/ speaks), the playback controller, and the events they speak. The
+"""transports room (see docs/architecture.md): pure per-provider serializers (both ends of each wire format: the
+server's, and the caller's that voicepipe/caller/ speaks), the playback controller, and the events they speak. The
 WebSocket gateway, WebRTC and the AudioSocket listener build on these and do the I/O (connection.py)."""
 
 from voicepipe.transports.events import (

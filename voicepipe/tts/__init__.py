@@ -1,4 +1,4 @@
-"""tts room: text chunker, streaming Piper synthesis, sample-accurate playout cursor (see DESIGN.md)."""
+"""tts room: text chunker, streaming Piper synthesis, sample-accurate playout cursor (see docs/architecture.md)."""
 
 from voicepipe.tts.chunker import TextChunk, TextChunker
 from voicepipe.tts.cursor import Heard, PlayoutCursor, SpeechOrigin, WordTiming
