@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
-from voicepipe.bench.turn_evidence import Evidence, Pause
+from voicepipe.bench.turn_evidence import Evidence, Pause, load_evidence
 from voicepipe.bench.turns import RATE, WINDOW, Outcome, _known, _outcome, calibrate, flat_report, replay, score
 from voicepipe.config import Settings, TurnSettings
 from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy
@@ -89,3 +90,21 @@ def test_calibration_finds_thresholds_within_the_cut_off_bound() -> None:
         assert best["false_cutoff_rate"] <= 0.05 and best["complete_cut_rate"] <= 0.05
         trial = TurnSettings().model_copy(update={k: v for k, v in best.items() if k in TurnSettings.model_fields})
         assert score(TurnPolicy(name, trial, 0), cases)["wait_p50_ms"] == best["wait_p50_ms"]
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "turns" / "evidence.json"
+
+
+def test_the_default_policy_on_recorded_evidence_meets_the_cut_off_bound_and_beats_silence() -> None:
+    """Evidence recorded by `voicepipe bench turns --evidence` on this project's labelled set (96 utterances
+    played as real calls on a 2-core CPU): the calibrated defaults must keep their figures (README)."""
+    evidence = load_evidence(RECORDED)
+    assert [ev.label for ev in evidence].count("paused") == 48 and len(evidence) == 96
+    settings = Settings()
+    default = score(TurnPolicy(settings.turn.policy, settings.turn, 600), evidence)
+    silence = score(TurnPolicy("silence", settings.turn, settings.vad.end_of_turn_silence_ms), evidence)
+    assert default["false_cutoff_rate"] <= 0.05 and default["complete_cut_rate"] == 0.0, default
+    assert silence["false_cutoff_rate"] > 0.7  # the old rule cuts most 500-1200 ms pauses ...
+    assert default["wait_p50_ms"] < 0.65 * silence["wait_p50_ms"]  # ... and still waits longer
+    hybrid = settings.turn.model_copy(update={"text_complete": 0.5, "text_incomplete": 0.2})  # its own point
+    assert score(TurnPolicy("hybrid", hybrid, 600), evidence)["false_cutoff_rate"] <= 0.05
