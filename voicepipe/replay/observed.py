@@ -23,6 +23,7 @@ class ObservedTurn:
     interrupted: bool = False
     timings_ms: dict[str, float] = field(default_factory=dict)
     stop_ms: float | None = None  # interrupted: the caller's speech onset -> the clear, at the client
+    reopened: int = 0  # end-of-turn decisions the caller's speech reopened before the turn really ended
 
 
 @dataclass
@@ -81,7 +82,8 @@ def observe(result: CallResult, audio: np.ndarray, rate: int) -> ObservedCall:
     call.end_reason = record.get("end_reason")
     for t in record.get("turns", []):
         call.turns.append(ObservedTurn(t["turn"], t.get("user_text") or "", t.get("agent_text") or "",
-                                       t.get("heard_text"), bool(t.get("interrupted")), t.get("timings_ms") or {}))
+                                       t.get("heard_text"), bool(t.get("interrupted")), t.get("timings_ms") or {},
+                                       reopened=len(t.get("reopened") or [])))
     start = result.turns[0].audio_start if result.turns else None
     if start is not None:
         onsets = [start + s for s in speech_onsets(audio, rate)]
