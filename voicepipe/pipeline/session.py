@@ -14,8 +14,12 @@ tokens whose words the caller heard (from the transport's playout cursor and the
 noises while the agent talks are dropped. With `hold_on_speech` the agent's audio is held from the VAD's
 speech start, so it stops before the barge-in decision; a noise lets it go on where it stopped.
 
-The transport side is an `AgentOutput` (see below); everything here runs on the event loop, models run on
+The transport side is an `AgentOutput` (`call_types.py`); everything here runs on the event loop, models run on
 their own worker threads.
+
+This file holds the state machine: lifecycle, caller audio, end of turn, replies, timeline and observers. Its
+machinery lives beside it, in mixins `CallSession` inherits: `early_reply.py` (early replies), `interruptions.py`
+(barge-in, reopen, backchannels, hold) and `housekeeping.py` (background tasks, the idle watch).
 
 Each turn keeps a timeline (`TurnRecord.timeline`, see `voicepipe/observability/hooks.py`) and the call reports
 to its `Observers` (call store, metrics, recorder): the call's start and end, each finished turn, caller and
@@ -26,13 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +43,10 @@ from voicepipe.config import CallSettings, Settings
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.timeline import derive_timings
+from voicepipe.pipeline.call_types import AgentOutput, CallState, _Reply
+from voicepipe.pipeline.early_reply import EarlyReplies
+from voicepipe.pipeline.housekeeping import Housekeeping
+from voicepipe.pipeline.interruptions import Interruptions
 from voicepipe.pipeline.resources import CallResources
 from voicepipe.pipeline.turn_taking import TurnTaking
 from voicepipe.turns.backchannel import is_backchannel
@@ -54,73 +60,7 @@ PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT h
 ARRIVALS_KEPT = 1500  # caller chunks whose arrival time is kept (30 s of 20 ms chunks) to date VAD events
 
 
-class CallState(enum.Enum):
-    LISTENING = "listening"
-    THINKING = "thinking"
-    SPEAKING = "speaking"
-    ENDED = "ended"
-
-
-class AgentOutput(Protocol):
-    """What a transport offers a call: paced playout of agent audio, a clear, and a playout cursor."""
-
-    sample_rate: int  # the rate agent audio is handed over at (the wire's send rate)
-
-    def play(self, audio: np.ndarray, origin: object) -> None:
-        """Queue int16 agent audio; `origin` comes back from `heard()` / `clear()`."""
-
-    def end_of_reply(self) -> None:
-        """The reply's audio is complete (flush any held tail)."""
-
-    def is_playing(self) -> bool:
-        """Agent audio is queued or not yet (confirmed) played."""
-
-    def heard(self) -> list[Any]:
-        """`Heard(origin, heard, total)` for each queued piece of the current generation."""
-
-    def clear(self) -> list[Any]:
-        """Drop all unplayed agent audio (and tell the provider); returns `heard()` as it was."""
-
-    def hold(self, on: bool) -> None:
-        """Stop sending agent audio (True) or go on where it stopped (False); the playout cursor stays right. A
-        transport that plays out locally (WebRTC) stops its queued audio too, after anything sent before."""
-
-    def event(self, kind: str, **data: Any) -> None:
-        """A call event for clients that show them (native protocol): transcript, agent_text, turn."""
-
-    # A transport also reports back to the call: `CallSession.agent_audio_sent(turn, samples, rate)` as it sends
-    # agent audio, and `CallSession.note(event_type, **data)` for its own events (marks, clears).
-
-
-@dataclass
-class _Reply:
-    """One agent utterance in flight (a reply, or the greeting)."""
-
-    turn: int
-    stream: Any  # tts SpeechStream
-    greeting: bool = False
-    task: asyncio.Task | None = None
-    generation: Any = None  # llm Generation (None for the greeting / before the LLM starts)
-    llm_started: bool = False
-    text: str = ""
-    pieces: list[tuple[int, int]] = field(default_factory=list)  # (text end, tokens so far) per piece
-    tokens: int = 0
-    first_audio: float | None = None
-    record: TurnRecord | None = None
-    finished: bool = False  # turn_finished was reported
-    transcript: Any = None  # the STT's final for this turn (a concurrent Future)
-    release: asyncio.Event | None = None  # an early reply: its audio and client events wait for this
-    held_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    turns_before: int = 0  # LLM session turns before this reply's (what dropping an early reply goes back to)
-    segment: int = 0  # an early reply: the caller's speech segment it answers (TurnTaking.segment)
-    consumed: tuple[str | None, str | None] = (None, None)  # the greeting / unanswered words its prompt took
-
-    @property
-    def held(self) -> bool:
-        return self.release is not None and not self.release.is_set()
-
-
-class CallSession:
+class CallSession(EarlyReplies, Interruptions, Housekeeping):
     """One call. `start()`, then `push_audio()` for every inbound chunk, then `close()`."""
 
     def __init__(self, resources: CallResources, settings: Settings, output: AgentOutput, *,
@@ -367,53 +307,6 @@ class CallSession:
         reply.transcript = future
         self._start_reply(reply)
 
-    # -- early replies ----------------------------------------------------------------------------
-    def _start_early_reply(self) -> None:
-        """At the VAD's speech end: take the transcript so far and start the reply, held until the end of turn."""
-        if not self.cfg.preemptive_generation or self.state is not CallState.LISTENING or self._early is not None:
-            return
-        turn = self._turns + 1
-        record = TurnRecord(turn, timeline={**self._next_timeline, "stt_requested": self._since()})
-        reply = _Reply(turn, self._open_speech(turn), record=record, release=asyncio.Event(),
-                       segment=self.turns.segment)
-        reply.transcript = self.stt.peek(self._stt_end())
-        self._early = reply
-        self.note("early_reply", turn=turn)
-        reply.task = asyncio.create_task(self._run_reply(reply), name=f"early-{self.call_id}-{turn}")
-
-    def _release(self, reply: _Reply, timeline: dict[str, float]) -> None:
-        """The end of turn confirms an early reply: it becomes the turn's reply and may be heard."""
-        for key, value in timeline.items():  # the reply's own events (it started before the end of turn) stay
-            reply.record.timeline.setdefault(key, value)
-        reply.record.timeline["end_of_turn"] = timeline["end_of_turn"]
-        self.record.turns.append(reply.record)
-        self._reply = reply
-        reply.release.set()
-        for kind, data in reply.held_events:
-            self._emit(kind, data)
-        reply.held_events.clear()
-        if reply.task.done():  # it ended while held (an empty transcript, an error): end the turn now
-            self._reply_done(reply)
-
-    def _drop_early_reply(self) -> None:
-        reply, self._early = self._early, None
-        reply.stream.cancel()
-        reply.task.cancel()
-        if reply.llm_started:
-            self._pending_assistant, self._unanswered = reply.consumed
-        self.note("early_reply_dropped", turn=reply.turn)
-        self._spawn(self._forget_early_turn(reply), "drop-early")
-
-    async def _forget_early_turn(self, reply: _Reply) -> None:
-        """Take a dropped early reply's turn out of the LLM session, once its generation has stopped."""
-        await asyncio.wait([reply.task])
-        if not reply.llm_started or not await self._session_idle():
-            return
-        try:
-            self.res.engine.drop_turns(self.session, reply.turns_before)
-        except Exception:
-            log.exception("call %s: dropping an early reply's turn failed", self.call_id)
-
     def _on_partial(self, transcript) -> None:  # STT worker thread
         loop = self._loop
         if loop is None or self.closed:
@@ -655,171 +548,6 @@ class CallSession:
         if stream.error is not None:
             raise stream.error
 
-    # -- barge-in ---------------------------------------------------------------------------------
-    def _over_agent(self) -> bool:
-        """The agent's audio is going out and caller speech over it waits for its words (`calls.backchannels`)."""
-        return self.cfg.backchannels and self.state is CallState.SPEAKING and self._reply is not None
-
-    def _check_backchannel(self) -> None:
-        """Caller speech over the agent ended: its words decide whether it was a backchannel (the agent goes on, where
-        it stopped if `hold_on_speech` held it) or an interruption."""
-        reply = self._reply
-        future = asyncio.wrap_future(self.stt.peek(self._stt_end()))
-        segment = self.turns.segment
-        future.add_done_callback(lambda f: self._backchannel_heard(reply, segment, f))
-
-    def _backchannel_heard(self, reply: _Reply, segment: int, future: asyncio.Future) -> None:
-        if self._reply is not reply or self.turns.segment != segment or self.closed:
-            return  # the reply ended, or the caller spoke again (that speech decides)
-        failed = future.cancelled() or future.exception() is not None
-        text = "" if failed else future.result().text.strip()
-        if text and not is_backchannel(text):
-            self._barge_in()
-            return
-        if text:
-            log.info("call %s: backchannel %r over turn %d", self.call_id, text, reply.turn)
-            if reply.record is not None:
-                reply.record.backchannels.append(text)
-            self.note("backchannel", turn=reply.turn, text=text)
-            self._emit("transcript", {"text": text, "final": True, "turn": reply.turn, "backchannel": True})
-        self._hold_output(False)  # a backchannel, or a noise with no words: the agent goes on
-        self.stt.resume()
-
-    def _barge_in(self) -> None:
-        """The caller talks over the agent: stop now (synchronously), then clear and roll back. Before the agent has
-        sent any audio of the turn, the caller simply went on: the turn is reopened instead."""
-        reply = self._reply
-        if reply.record is not None and not reply.greeting and "first_audio_sent" not in reply.record.timeline:
-            self._reopen(reply)
-            return
-        self._reply = None  # from here on the caller's new turn owns the call
-        self.state = CallState.LISTENING
-        self.record.barge_ins += 1
-        if reply.record is not None:
-            reply.record.timeline["interrupted"] = self._since()
-        reply.stream.cancel()
-        if reply.task is not None:
-            reply.task.cancel()
-        heard = self.output.clear()
-        self._hold_output(False)  # the clear dropped what was held; the next reply plays
-        self._spawn(self._after_barge_in(reply, heard), "barge-in")
-
-    def _reopen(self, reply: _Reply) -> None:
-        """The caller went on speaking after the end-of-turn decision, before any of the reply was sent: the reply
-        and its LLM turn are dropped, and its words open the turn that goes on."""
-        self._reply = None
-        self.state = CallState.LISTENING
-        record = reply.record
-        reply.stream.cancel()
-        if reply.task is not None:
-            reply.task.cancel()
-        self.output.clear()  # nothing of it was sent: what is queued goes
-        self._hold_output(False)
-        if record in self.record.turns:
-            self.record.turns.remove(record)
-        self._turns -= 1
-        self.turns.reopen(record.decision, self._since())
-        for key in ("speech_start", "first_partial"):  # the turn began back then
-            if key in record.timeline:
-                self._next_timeline[key] = record.timeline[key]
-        log.info("call %s: turn %d reopened (%s)", self.call_id, reply.turn, record.decision.get("reason", "?"))
-        self.note("turn_reopened", turn=reply.turn, decision=record.decision)
-        self._spawn(self._after_reopen(reply), "reopen")
-
-    async def _after_reopen(self, reply: _Reply) -> None:
-        if reply.task is not None:
-            await asyncio.wait([reply.task])
-        if not reply.llm_started:
-            words = await self._late_transcript(reply)
-        else:
-            words = reply.record.user_text
-            self._pending_assistant, self._unanswered = reply.consumed
-            if await self._session_idle():
-                try:
-                    self.res.engine.drop_turns(self.session, reply.turns_before)
-                except Exception:
-                    log.exception("call %s: dropping a reopened turn failed", self.call_id)
-        self._unanswered = " ".join(w for w in (self._unanswered, words) if w) or None
-
-    def _hold_output(self, on: bool) -> None:
-        if on != self._holding:
-            self._holding = on
-            self.output.hold(on)
-            self.note("hold" if on else "unhold")
-
-    async def _after_barge_in(self, reply: _Reply, heard: list[Any]) -> None:
-        played = _played_samples(heard, reply.turn)
-        char_end = reply.stream.cursor.heard(played).char_end if played else 0
-        heard_text = reply.text[:char_end].strip()
-        log.info("call %s: barge-in on turn %d after %d samples: heard %r", self.call_id, reply.turn, played,
-                 heard_text)
-        self.note("barge_in", turn=reply.turn, heard_text=heard_text)
-        if reply.greeting:
-            self.record.greeting_heard = heard_text
-            self._pending_assistant = heard_text or None
-            return
-        record = reply.record  # a reply whose audio was heard: its LLM had started (else `_reopen` took it)
-        if record is not None:
-            record.interrupted = True
-            record.agent_text = reply.text
-            record.heard_text = heard_text
-            self._finish_turn(reply)
-        heard_tokens = 0
-        for text_end, tokens in reply.pieces:
-            if text_end <= char_end:
-                heard_tokens = tokens
-        await self._rollback(heard_tokens)
-
-    async def _late_transcript(self, reply: _Reply, timeout_s: float = 10.0) -> str:
-        """The final transcript of a turn interrupted before the LLM started ("" if there is none)."""
-        if reply.transcript is None:
-            return ""
-        try:
-            transcript = await asyncio.wait_for(asyncio.wrap_future(reply.transcript), timeout_s)
-        except Exception:  # timed out, failed or cancelled by the STT: the words are lost
-            return ""
-        return transcript.text.strip()
-
-    async def _session_idle(self, timeout_s: float = 5.0) -> bool:
-        """Wait for a cancelled generation to leave the LLM session (within a step); False if the call ended."""
-        session = self.session
-        deadline = time.monotonic() + timeout_s
-        while session is not None and session.busy and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        return not (self.closed or session is None or session.closed)
-
-    async def _rollback(self, heard_tokens: int) -> None:
-        if not await self._session_idle():
-            return
-        try:
-            self.res.engine.rollback_reply(self.session, heard_tokens)
-        except Exception:
-            log.exception("call %s: rollback failed", self.call_id)
-
-    # -- housekeeping -----------------------------------------------------------------------------
-    def _spawn(self, coro, name: str) -> None:
-        task = asyncio.create_task(coro, name=f"{name}-{self.call_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("call %s: %s failed: %r", self.call_id, task.get_name(), task.exception())
-
-    async def _watch_idle(self) -> None:
-        limit = self.cfg.idle_timeout_s
-        while not self.closed:
-            await asyncio.sleep(min(1.0, limit / 4))
-            busy = self._reply is not None or self._speech_start is not None or self.output.is_playing()
-            if busy:
-                self._last_activity = time.monotonic()
-            elif time.monotonic() - self._last_activity > limit:
-                log.info("call %s: idle for %.0f s, hanging up", self.call_id, limit)
-                self.end_reason = "idle_timeout"
-                self.ended.set()
-                return
-
 
 def _call_seed(value: Any) -> int | None:
     """A call's `seed` parameter (an int, or digits: providers pass custom parameters as strings)."""
@@ -841,13 +569,3 @@ def call_outcome(end_reason: str, error: str | None = None) -> str:
     if end_reason == "disconnected":  # the socket went away without the provider's stop message
         return "dropped"
     return "completed"
-
-
-def _played_samples(heard: list[Any], turn: int) -> int:
-    """How far into turn `turn`'s speech stream the caller heard, from the transport's `Heard` list."""
-    played = 0
-    for h in heard:
-        origin = getattr(h, "origin", None)
-        if isinstance(origin, tuple) and len(origin) == 3 and origin[0] == turn and h.heard > 0:
-            played = max(played, origin[1] + min(h.heard, origin[2]))
-    return played
