@@ -1,0 +1,239 @@
+"""The engine thread (a mixin of `LLMEngine`): plan a step, run the model, sample, hand tokens to their
+`Generation`s, finish requests; cancel, pause and stop-string cuts from the caller's side; the engine's stats."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from voicepipe.llm.attention import StepAborted
+from voicepipe.llm.errors import EngineStoppedError, LLMError, OverloadedError
+from voicepipe.llm.generation import _Event
+from voicepipe.llm.request import Request, State
+from voicepipe.llm.sampling import sample
+
+log = logging.getLogger("voicepipe.llm.engine")  # the engine's log lines keep its logger name
+
+
+class StepLoop:
+    """LLMEngine's step loop (a mixin).
+
+    Runs on the engine thread, under `_lock` except for the model forward: reads `_running`, `settings`,
+    `end_ids`, `max_context` and `_request_listeners`; reads and writes `scheduler`, `runner`, `blocks`, the
+    sessions of the requests it steps, `_step_abortable`, `counters` and `crashed`. Uses `_warm_next_turn` and
+    `_restore_mark` (`intake.py`)."""
+
+    def _cancel(self, req: Request) -> None:
+        with self._lock:
+            req.cancelled = True
+            self._lock.notify_all()
+
+    def _pause(self, req: Request, until: float) -> None:
+        with self._lock:
+            req.paused_until = until
+            self._lock.notify_all()
+
+    def _stop_at(self, req: Request, n_output: int) -> None:
+        """A stop string ended the reply after ``n_output`` tokens: keep those, drop any later ones."""
+        with self._lock:
+            if req.state is State.FINISHED:  # it ended in the same step: cut the finished reply directly
+                s = req.session
+                if (not s.busy and not s.closed and s.reply_start == req.stats.prompt_tokens
+                        and len(req.output_ids) > n_output):
+                    s.truncate_kv(self.blocks, s.reply_start + n_output)
+                    del req.output_ids[n_output:]
+                    self._warm_next_turn(s)
+                return
+            req.keep_output = n_output
+            req.cancelled = True
+            self._lock.notify_all()
+
+    # -- the engine thread ------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        import torch
+
+        torch.set_grad_enabled(False)
+        try:
+            while True:
+                with self._lock:
+                    if not self._running:
+                        return
+                    self._reap()
+                    plan = self.scheduler.schedule(time.monotonic()) if self.scheduler.has_work else None
+                    if plan is None or not plan.items:
+                        self._lock.wait(timeout=0.05)
+                        continue
+                    for s in plan.unpinned:
+                        log.debug("unpinned idle session %d", s.id)
+                    self._step_abortable = plan.abortable
+                    self.runner.cache.abort_requested = False
+                    now = time.monotonic()
+                    self.counters["max_batch"] = max(self.counters["max_batch"], len(plan.items))
+                    for item in plan.items:
+                        if item.request is None:
+                            continue
+                        st = item.request.stats
+                        if st.first_scheduled is None:
+                            st.first_scheduled = now
+                            st.cached_prompt_tokens = item.start
+                            self.counters["prompt_tokens"] += st.prompt_tokens
+                            self.counters["cached_prompt_tokens"] += item.start
+                try:
+                    logits = self.runner.forward(plan.items)
+                    sampled = [it for it in plan.items if it.samples]
+                    tokens = sample(logits[:len(sampled)], [it.request.params for it in sampled],
+                                    [it.request.generator for it in sampled]) if sampled else []
+                    end_probs = self._end_probs(logits[len(sampled):]) if logits is not None else []
+                except StepAborted:  # a voice request arrived during a flex-only step: plan again, it goes first
+                    with self._lock:
+                        self._step_abortable = False
+                        self.scheduler.step_aborted()
+                    continue
+                except Exception as exc:  # a failed step fails its requests; the engine carries on
+                    log.exception("LLM step failed")
+                    with self._lock:
+                        for item in plan.items:
+                            if item.request is not None:
+                                item.session.drop_kv(self.blocks)
+                                self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
+                    continue
+                with self._lock:
+                    self._step_abortable = False
+                    self._after_step(plan.items, tokens, end_probs)
+        except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
+            log.exception("LLM engine thread crashed")
+            self.crashed = exc
+            with self._lock:
+                self._running = False
+                for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+                    self._finish(req, "error", EngineStoppedError(f"the LLM engine crashed: {exc}"))
+
+    def _reap(self) -> None:
+        """Cancelled and expired requests leave before the next step is planned."""
+        now = time.monotonic()
+        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+            if req.cancelled:
+                self._finish(req, "stop" if req.keep_output is not None else "cancelled")
+        for req in self.scheduler.expired(now, self.settings.admission_timeout_s):
+            self.counters["overloaded"] += 1
+            self._finish(req, "error", OverloadedError(
+                f"the LLM engine could not admit the request within {self.settings.admission_timeout_s:g} s.",
+                "retry later, or raise llm.admission_timeout_s / the KV pool size."))
+
+    def _end_probs(self, probe_logits) -> list[float]:
+        if not len(probe_logits):
+            return []
+        import torch
+
+        return torch.softmax(probe_logits, dim=-1)[:, self.end_ids].sum(dim=-1).tolist()
+
+    def _after_step(self, items, tokens: list[int], end_probs: list[float]) -> None:
+        self.counters["steps"] += 1
+        now = time.monotonic()
+        k = 0
+        probes = iter(end_probs)
+        for item in items:
+            req, s = item.request, item.session
+            if item.probe is not None:
+                value = next(probes)
+                if req.state is not State.FINISHED and req.probe_at is not None:
+                    req.probe_at = None
+                    req.stats.end_prob = value
+                    self._resolve_end_prob(req, value)
+            if req is None:  # warming: unless the session was cut or closed while the step ran
+                if s.edits == item.edits and not s.closed:
+                    s.commit(self.blocks, item.n_tokens)
+                    self.counters["warmed_tokens"] += item.n_tokens
+                continue
+            if req.state is State.FINISHED:  # cancelled while the step ran (close_session): already settled
+                continue
+            s.commit(self.blocks, item.n_tokens)
+            if not item.samples:
+                continue
+            token = tokens[k]
+            k += 1
+            s.ids.append(token)
+            req.output_ids.append(token)
+            st = req.stats
+            st.output_tokens += 1
+            st.token_times.append(now)
+            if st.first_token is None:
+                st.first_token = now
+            self._emit(req, _Event("tokens", [token], now))
+            if token in req.stop_ids:
+                self._finish(req, "stop")
+            elif len(req.output_ids) >= req.params.max_tokens or len(s.ids) >= self.max_context:
+                self._finish(req, "length")
+
+    def _finish(self, req: Request, reason: str, error: BaseException | None = None) -> None:
+        self.scheduler.remove(req)
+        req.finish_reason = reason
+        req.stats.finished = time.monotonic()
+        s = req.session
+        if req.keep_output is not None and req.keep_output < len(req.output_ids):
+            s.truncate_kv(self.blocks, s.reply_start + req.keep_output)
+            del req.output_ids[req.keep_output:]
+        s.busy = False
+        s.last_used = time.monotonic()
+        if error is not None and not req.output_ids and s.marks and not s.closed:
+            self._restore_mark(s, s.marks[-1])  # the failed turn leaves no trace in the history
+        if s.closed or s.ephemeral:
+            s.drop_kv(self.blocks)
+            self.scheduler.forget_session(s)
+        else:
+            self.scheduler.session_idle(s)
+            if error is None and reason != "cancelled":
+                self._warm_next_turn(s)
+        self._resolve_end_prob(req, req.stats.end_prob)
+        key = {"cancelled": "cancelled", "error": "errors"}.get(reason, "finished")
+        self.counters[key] += 1
+        self.counters["output_tokens"] += req.stats.output_tokens
+        for listener in self._request_listeners:  # before the "done" event, so a client that saw it sees these
+            try:
+                listener(req)
+            except Exception:
+                log.exception("request listener %r failed", listener)
+        self._emit(req, _Event("error", error=error) if error is not None else _Event("done", time=time.monotonic()))
+
+    @staticmethod
+    def _resolve_end_prob(req: Request, value: float | None) -> None:
+        future = req.end_prob_future
+        if future is None or future.done():
+            return
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
+            req.sink[0].call_soon_threadsafe(lambda: future.done() or future.set_result(value))
+
+    @staticmethod
+    def _emit(req: Request, event: _Event) -> None:
+        loop, queue = req.sink
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            req.cancelled = True
+
+    # -- stats ----------------------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            bm = self.blocks
+            prompt = self.counters["prompt_tokens"]
+            return {
+                **self.counters,
+                "blocks_total": bm.num_blocks,
+                "blocks_used": bm.num_used,
+                "blocks_free": bm.num_free,
+                "block_size": bm.block_size,
+                "capacity_tokens": self.capacity_tokens,
+                "kv_bytes_per_token": self.runner.bytes_per_token,
+                "prefix_hit_rate": (self.counters["cached_prompt_tokens"] / prompt) if prompt else 0.0,
+                "block_hit_rate": (bm.hit_blocks / bm.lookup_blocks) if bm.lookup_blocks else 0.0,
+                "preemptions": self.scheduler.preemptions,
+                "aborted_steps": self.scheduler.aborted_steps,
+                "preemptions_by_tier": dict(self.scheduler.preemptions_by_tier),
+                "unpinned_sessions": self.scheduler.unpins,
+                "waiting": len(self.scheduler.waiting),
+                "running": len(self.scheduler.running),
+                "sessions": len(self._sessions),
+                "sessions_pinned": sum(1 for s in self._sessions.values() if s.block_table),
+            }
