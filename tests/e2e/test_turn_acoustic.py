@@ -49,7 +49,7 @@ def sentence(synthesizer: Synthesizer, settings: Settings) -> tuple[np.ndarray, 
 
 def test_finished_sentence_sounds_more_complete_than_its_cut(smart_turn: SmartTurn, sentence, settings) -> None:
     """The whole sentence, as Piper ends it, scores P(complete) at or above turn.acoustic_complete; the
-    sentence stopped right after "for" (no silence added) scores under turn.acoustic_incomplete.
+    sentence stopped right after "for" (no silence added) scores under 0.2.
 
     Only the cut itself tells the model: with 0.2-0.3 s of silence appended after "for" it also calls
     the cut clip complete (a TTS voice does not hesitate the way a person does mid-thought).
@@ -58,7 +58,7 @@ def test_finished_sentence_sounds_more_complete_than_its_cut(smart_turn: SmartTu
     p_whole, p_cut = smart_turn.predict(whole), smart_turn.predict(cut)
     print(f"\nSmart Turn P(complete): whole sentence {p_whole:.3f}, cut after 'for' {p_cut:.3f}")
     assert p_whole > p_cut + 0.5
-    assert p_whole >= settings.turn.acoustic_complete and p_cut < settings.turn.acoustic_incomplete
+    assert p_whole >= settings.turn.acoustic_complete and p_cut < 0.2  # measured: 0.977 and 0.067
     # the same call over int16 audio (as a transport delivers it): only quantization noise apart
     assert smart_turn.predict(float32_to_int16(whole)) == pytest.approx(p_whole, abs=0.01)
 
