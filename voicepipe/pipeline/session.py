@@ -217,9 +217,10 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
                 hearing = self._over_agent() and self._stt_turn_active  # its words decide (_check_backchannel)
                 if not hearing:
                     self._hold_output(False)  # a noise: the agent goes on
-                self.turns.speech_ended(self._audible_end(ev.sample))
+                audible = self._audible_end(ev.sample)
+                self.turns.speech_ended(audible)
                 if self._stt_turn_active:
-                    self._next_timeline["speech_end"] = self._sample_time(self._audible_end(ev.sample))
+                    self._next_timeline["speech_end"] = self._sample_time(audible)
                     self._start_early_reply()
                 if hearing:
                     self._check_backchannel()
