@@ -265,3 +265,33 @@ def test_every_error_kind_has_a_documented_reaction():
     assert rows.keys() == REACTIONS.keys()
     for kind, code in REACTIONS.items():
         assert rows[kind] == ("ignore" if code is None else f"close {code}"), kind
+
+
+# Found by fuzzing (voicepipe bench fuzz): numbers as text that str.isdigit() or \d accept but int() refuses (or
+# that are thousands of digits long) escaped the serializers as ValueError.
+@pytest.mark.parametrize("provider", JSON_PROVIDERS)
+@pytest.mark.parametrize("number", ["²", "--1", "9" * 5000, "1_000", "١٢"])
+def test_a_sequence_number_that_is_not_ascii_decimal_is_no_number(provider, number):
+    serializer = started(provider)
+    bad = copy.deepcopy(media_frame(provider)["data"])
+    bad[serializer.dialect.sequence] = number
+    bad["media"]["timestamp"] = number
+    result = serializer.decode_safe(json.dumps(bad))
+    assert result.errors == []
+    [media] = result.events
+    assert isinstance(media, Media) and (media.sequence, media.timestamp_ms) == (None, None)
+
+
+@pytest.mark.parametrize("rate", ["²", "9" * 5000])
+def test_a_plivo_rate_inside_the_content_type_that_is_no_number_refuses_the_start(rate):
+    start = copy.deepcopy(start_frame("plivo")["data"])
+    start["start"]["mediaFormat"] = {"encoding": f"audio/x-l16;rate={rate}"}
+    result = make_serializer("plivo").decode_safe(json.dumps(start))
+    assert [e.kind for e in result.errors] == ["bad_start"] and result.fatal is not None
+
+
+@pytest.mark.parametrize("rate", ["9" * 5000, "٨٠٠٠"])
+def test_a_vonage_rate_that_is_not_ascii_decimal_is_an_unsupported_codec(rate):
+    start = {"event": "websocket:connected", "content-type": f"audio/l16;rate={rate}"}
+    result = make_serializer("vonage").decode_safe(json.dumps(start))
+    assert [e.kind for e in result.errors] == ["unsupported_codec"] and result.fatal is not None

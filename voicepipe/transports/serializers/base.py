@@ -7,6 +7,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from voicepipe.transports.events import Event, ProtocolError, Start
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_FRAME_BYTES = 1 << 20  # 1 MiB
+_DECIMAL = re.compile(r"-?[0-9]{1,18}")  # a number as text: ASCII digits only, within int64
 Frame = str | bytes
 
 
@@ -314,7 +316,7 @@ def as_int(value: Any, what: str, kind: str = "missing_field") -> int:
         raise ProtocolError(kind, f"{what} must be a number, got {value!r}")
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
         return int(value)
     raise ProtocolError(kind, f"{what} must be a number, got {value!r}"[:100])
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from voicepipe.transports.events import Cleared, Event, Mark, ProtocolError, Start
-from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Frame, dumps
+from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Frame, dumps, opt_int
 from voicepipe.transports.serializers.mediastream import (
     Dialect,
     MediaStreamCallerSerializer,
@@ -133,7 +133,7 @@ def checkpoint_name(message: dict[str, Any]) -> str:
 
 def _rate(text: str) -> int | None:
     key, _, value = text.strip().partition("=")
-    return int(value) if key.strip().lower() == "rate" and value.strip().isdigit() else None
+    return opt_int(value) if key.strip().lower() == "rate" else None
 
 
 def _parse_headers(raw: Any) -> dict[str, str]:

@@ -24,7 +24,7 @@ from voicepipe.transports.serializers.base import (
     whole_frames,
 )
 
-_CONTENT_TYPE = re.compile(r"^\s*audio/l16\s*;\s*rate\s*=\s*(\d+)\s*$", re.IGNORECASE)
+_CONTENT_TYPE = re.compile(r"^\s*audio/l16\s*;\s*rate\s*=\s*([0-9]{1,6})\s*$", re.IGNORECASE)
 RATES = frozenset({8000, 16000, 24000})
 _NOT_PARAMETERS = frozenset({"event", "content-type"})
 
