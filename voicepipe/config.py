@@ -8,6 +8,7 @@ The TOML file is ``--config FILE``, else ``$VOICEPIPE_CONFIG``, else ``./voicepi
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as SourceError
 
 from voicepipe.errors import SettingsError
 
@@ -153,6 +155,11 @@ class LLMSettings(Section):
     # step and a decode's matrix-vector products use both cores (the packed copies cost those weights' memory once
     # more)
     prepack_linears: bool = True
+    # The LLM's weight format (voicepipe/llm/weights.py): "auto" is int8 for a float32 model on the CPU (a decode
+    # reads a quarter of the bytes; measured faster here for 1 to 50 rows) and what device.dtype loaded elsewhere
+    # (bfloat16 on CUDA); "fp32" and "bf16" cast the model; "int8" (per-channel weights, dynamic activations) is
+    # CPU only
+    weights: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     # after a reply, prefill the chat template's opener of the next user turn while the session is idle
     warm_next_turn: bool = True
 
@@ -290,8 +297,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             raise SettingsError(f"override {pair!r} is not KEY=VALUE.", "write e.g. --set server.port=9000.")
         node = tree
         *parents, leaf = key.strip().split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                section = ".".join(parents[: i + 1])
+                raise SettingsError(f"override {pair!r}: {section!r} was set as a value, not a section.",
+                                    f"set either {section}=... or {section}.KEY=..., not both.")
         node[leaf] = value
     return tree
 
@@ -320,6 +331,10 @@ def load_settings(
         return settings_cls(**init)
     except ValidationError as exc:
         raise SettingsError(_describe_validation_error(exc), "see `voicepipe config show`.") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:  # the file, read by the TOML source
+        raise SettingsError(f"config file {toml_file} cannot be read: {exc}.", "fix its TOML (UTF-8).") from None
+    except SourceError as exc:  # e.g. a list setting's environment variable that is not JSON
+        raise SettingsError(f"{exc}.", "a list or table setting takes JSON in an environment variable.") from None
 
 
 def _describe_validation_error(exc: ValidationError) -> str:

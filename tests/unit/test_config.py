@@ -75,3 +75,29 @@ def test_unknown_key_in_toml_is_rejected(tmp_path):
     toml.write_text("[server]\nprot = 1\n")
     with pytest.raises(SettingsError, match="unknown setting 'server.prot'"):
         load_settings(toml)
+
+
+# Found by fuzzing (voicepipe bench fuzz): each of these escaped the loader as a traceback.
+@pytest.mark.parametrize(("text", "needle"), [
+    (b"port = \n", "cannot be read: Invalid value"),
+    (b'"\\ud800" = 1\n', "cannot be read: Escaped character is not a Unicode scalar value"),
+    (b"\xff\xfe", "cannot be read: 'utf-8' codec can't decode"),
+])
+def test_a_config_file_that_is_no_toml_is_one_settings_error(tmp_path, text, needle):
+    toml = tmp_path / "voicepipe.toml"
+    toml.write_bytes(text)
+    with pytest.raises(SettingsError, match="cannot be read") as info:
+        load_settings(toml)
+    assert needle in str(info.value) and str(toml) in str(info.value)
+
+
+def test_a_flag_that_sets_a_section_and_a_key_in_it_is_one_settings_error():
+    with pytest.raises(SettingsError, match="'calls' was set as a value, not a section"):
+        load_settings(set_pairs=["calls=", "calls.greeting=hi"])
+
+
+def test_a_list_setting_from_the_environment_that_is_no_json_is_one_settings_error(monkeypatch):
+    monkeypatch.setenv("VOICEPIPE_CALLS__ICE_SERVERS", "{x")
+    with pytest.raises(SettingsError, match="error parsing value for field \"calls\"") as info:
+        load_settings()
+    assert "takes JSON in an environment variable" in str(info.value)
