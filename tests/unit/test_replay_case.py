@@ -62,6 +62,10 @@ def test_a_stereo_recording_is_read_as_its_left_channel_at_any_rate(tmp_path: Pa
     ('[call]\ntransport = "twilio"\nturn = 3\n', "call.turn", "unknown field"),
     ('[call]\ntransport = "twilio"\n[turn]\ntranscript = "a"\n', "turn", "must be an array of tables"),
     ('[call\ntransport = "twilio"\n', "syntax", "not valid TOML"),
+    # found by fuzzing: a NaN budget passed every range check and then failed every turn without saying why
+    ('[call]\ntransport = "twilio"\n[[turn]]\ntranscript = "a"\nmax_wer = nan\n', "turn[0].max_wer",
+     "must be a number, got nan"),
+    ('[call]\ntransport = "twilio"\n[expect]\nresponse_p95_ms = nan\n', "expect.response_p95_ms", "got nan"),
 ])
 def test_a_malformed_case_names_the_file_and_the_field(tmp_path: Path, toml: str, where: str, problem: str) -> None:
     directory = write_case(tmp_path / "bad", toml)
@@ -111,3 +115,10 @@ def test_a_case_that_fails_exits_1_with_its_reports(tmp_path: Path) -> None:
     assert "| **FAIL** | book | call | call | a completed call with the server's record | ConnectionRefusedError" \
         in proc.stdout
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.json", "junit.xml", "summary.md"}
+
+
+def test_an_audio_name_the_filesystem_refuses_is_named(tmp_path: Path) -> None:
+    """Found by fuzzing: a name over the filesystem's limit escaped as OSError."""
+    directory = write_case(tmp_path / "c", f'[call]\ntransport = "twilio"\naudio = "{"a" * 300}.wav"\n')
+    with pytest.raises(CaseError, match=r"call.audio: .*: cannot be read \(File name too long\)"):
+        load_case(directory)

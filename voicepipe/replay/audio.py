@@ -14,12 +14,14 @@ class AudioFileError(ValueError):
 
 def read_caller_channel(path: Path) -> tuple[np.ndarray, int]:
     """The first channel of a PCM WAV file (8, 16, 24 or 32 bit) as int16, and its sample rate."""
-    if not path.is_file():
-        raise AudioFileError("the file does not exist")
     try:
+        if not path.is_file():
+            raise AudioFileError("the file does not exist")
         with wave.open(str(path), "rb") as w:
             rate, channels, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
             raw = w.readframes(w.getnframes())
+    except OSError as exc:  # a name too long, no permission, ...
+        raise AudioFileError(f"cannot be read ({exc.strerror or exc})") from None
     except (wave.Error, EOFError) as exc:
         raise AudioFileError(f"not a PCM WAV file ({exc})") from None
     if rate <= 0 or channels <= 0:

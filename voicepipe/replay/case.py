@@ -30,6 +30,7 @@ barge_in_stop_ms = 1200         # ... within this long of the caller starting to
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -138,6 +139,8 @@ class _Table:
 
     def number(self, key: str, default: float | None, low: float, high: float | None = None) -> float | None:
         value = self.get(key, default)
+        if value is not None and math.isnan(value):
+            raise CaseError(self.path, self.name(key), "must be a number, got nan")
         if value is not None and (value < low or (high is not None and value > high)):
             bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
             raise CaseError(self.path, self.name(key), f"must be {bound}, got {value}")
