@@ -349,6 +349,36 @@ def bench_speech(
                   f"streaming compute RTF {stt['streaming_compute_rtf']}")
 
 
+@bench_app.command("fuzz")
+def bench_fuzz(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the flat report here.")] = None,
+    examples: Annotated[int, typer.Option(min=1, help="Examples per target.")] = 5000,
+    target: Annotated[list[str] | None, typer.Option("--target", help="Only this target or group (repeatable), "
+                                                                      "e.g. twilio or sdp.offer.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Make the run reproducible.")] = None,
+) -> None:
+    """Property-based fuzzing of every parser (the six WebSocket protocols, AudioSocket, SDP offers, replay cases,
+    settings): examples tried and errors found per target; exits 1 unless there are 0 errors."""
+    try:
+        from voicepipe.bench.fuzz import run_fuzz
+    except ImportError as exc:
+        raise VoicepipeError(f"bench fuzz needs hypothesis ({exc}).", "pip install -e '.[dev]'.") from None
+    try:
+        report = run_fuzz(examples, only=target, seed_value=seed,
+                          progress=lambda line: err_console.print(line, highlight=False))
+    except ValueError as exc:
+        raise VoicepipeError(str(exc), "pick targets from that list.") from None
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    console.print(f"{report['examples_total']} examples over {report['targets']} targets, "
+                  f"{report['errors_total']} errors ({report['seconds_total']} s)")
+    for key, value in report.items():
+        if key.startswith("finding."):
+            console.print(f"{key}: {value}", highlight=False)
+    if report["errors_total"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("llm")
 def bench_llm(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,

@@ -53,8 +53,7 @@ def create_webrtc_router(app: FastAPI) -> APIRouter:
     async def offer(request: Request) -> dict:
         check_http_token(request)
         try:
-            body = await _read_offer(request)
-            start = start_fields(body)
+            body, start = parse_offer(await request.body())
         except BadOffer as exc:
             log.warning("webrtc: bad offer from %s: %s", request.client.host if request.client else "?", exc)
             raise HTTPException(400, str(exc)) from None
@@ -80,8 +79,8 @@ def ice_servers_json(settings) -> list[dict[str, Any]]:
     return out
 
 
-async def _read_offer(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+def parse_offer(raw: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The offer's JSON body and its native `start` fields, checked; `BadOffer` says what is wrong."""
     if len(raw) > MAX_OFFER_BYTES:
         raise BadOffer(f"offer too large ({len(raw)} bytes > {MAX_OFFER_BYTES})")
     try:
@@ -93,7 +92,7 @@ async def _read_offer(request: Request) -> dict[str, Any]:
     if body.get("type") != "offer":
         raise BadOffer(f"type must be 'offer', got {body.get('type')!r}"[:100])
     check_sdp(body.get("sdp"))
-    return body
+    return body, start_fields(body)
 
 
 def check_sdp(sdp: Any) -> None:
