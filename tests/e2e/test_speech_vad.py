@@ -9,6 +9,7 @@ from tests.speech_corpus import RATE, Corpus
 from voicepipe.audio import resample
 from voicepipe.config import VADSettings
 from voicepipe.vad import SileroVAD, TurnDetector, VADEvent
+from voicepipe.vad.silero import WINDOW
 
 pytestmark = pytest.mark.e2e
 
@@ -118,3 +119,19 @@ def test_each_call_has_its_own_state(silero: SileroVAD, corpora: dict[str, Corpu
         eb += db.push(b[i: i + 320])
     assert ea + da.flush() == alone_a
     assert eb + db.flush() == alone_b
+
+
+def test_speech_after_a_long_quiet_line_is_found_as_fast_as_on_a_fresh_stream(
+        silero: SileroVAD, corpora: dict[str, Corpus]) -> None:
+    """A caller who listened to a long reply: Silero's state drifted over 30 s of silence and it found their speech
+    up to 320 ms late (the STT then missed the first words); the stream now zeroes it after 5 s of quiet. The two
+    leads are whole VAD windows, so each clip meets the same window boundaries after either."""
+    late = []
+    for u in corpora["espeak"].utterances[:8]:
+        starts = []
+        for lead in (16 * WINDOW, 944 * WINDOW):  # 0.5 s, 30.2 s
+            audio = np.concatenate([np.zeros(lead, np.float32), u.audio, np.zeros(RATE, np.float32)])
+            first = next(e for e in run(TurnDetector(silero, RATE), audio, 320) if e.kind == "speech_start")
+            starts.append(first.sample - lead)
+        late.append((starts[1] - starts[0]) * 1000 / RATE)
+    assert max(abs(ms) for ms in late) <= 40, late

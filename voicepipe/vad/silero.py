@@ -25,6 +25,11 @@ MODEL_RATE = 16000
 WINDOW = 512  # samples per model step at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window prepended to each step
 STATE_SHAPE = (1, 1, 128)
+# Silero's recurrent state drifts over a long stretch of silence: after ~20-30 s of a quiet line (a caller listening
+# to a long reply) it called speech 180 ms after it began, so the STT missed the turn's first words ("What is the
+# capital of France?" heard as "in the capital of France"). The state is zeroed after this many windows of clear
+# silence (5 s), as a fresh stream's is, and the VAD answers a speech start as fast as on a fresh stream.
+RESET_QUIET_WINDOWS = 5 * 16000 // 512
 
 EventKind = Literal["speech_start", "speech_end", "end_of_turn"]
 
@@ -75,7 +80,8 @@ class VADStream:
       first of those windows began, minus `padding_ms` (never before the previous speech_end).
     - speech_end: once `min_silence_ms` of windows are below the silence threshold; its sample is the end of
       the last window at or above the threshold, plus `padding_ms`.
-    Memory is constant: at most one window of audio is held, whatever the input length.
+    Memory is constant: at most one window of audio is held, whatever the input length. The model's recurrent
+    state is zeroed after RESET_QUIET_WINDOWS of clear silence outside speech.
     """
 
     def __init__(self, vad: SileroVAD, sample_rate: int = 16000, settings: VADSettings | None = None) -> None:
@@ -106,6 +112,7 @@ class VADStream:
         self._last_end = 0
         self._voiced_end = 0
         self.last_prob = 0.0
+        self._quiet_windows = 0  # consecutive windows of clear silence outside speech
         self.speech_samples = 0  # model-rate samples in speech segments so far (closed ones + the open one)
         self._segment_start = 0
         if self._resampler is not None:
@@ -133,6 +140,10 @@ class VADStream:
         self._pending = pending[n * WINDOW:].copy()
         if n == 0:
             return []
+        if self._quiet_windows >= RESET_QUIET_WINDOWS:  # see RESET_QUIET_WINDOWS
+            self._h = np.zeros(STATE_SHAPE, dtype=np.float32)
+            self._c = np.zeros(STATE_SHAPE, dtype=np.float32)
+            self._quiet_windows = 0
         body = pending[: n * WINDOW].reshape(n, WINDOW)
         contexts = np.concatenate([self._context[None], body[:-1, -CONTEXT:]], axis=0)
         windows = np.ascontiguousarray(np.concatenate([contexts, body], axis=1), dtype=np.float32)
@@ -157,6 +168,8 @@ class VADStream:
         start = self._model_pos
         self._model_pos += WINDOW
         self.last_prob = prob
+        quiet = not self.in_speech and prob < self.neg_threshold
+        self._quiet_windows = self._quiet_windows + 1 if quiet else 0
         if prob >= self.threshold:
             self._silence_start = None
             self._voiced_end = self._model_pos
