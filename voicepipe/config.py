@@ -94,7 +94,8 @@ class TurnSettings(Section):
     middle_wait_ms: int = Field(1300, ge=0, le=10000)  # ... when the evidence is unsure (or not there yet)
     long_wait_ms: int = Field(2500, ge=0, le=30000)  # ... when it says the caller is mid-thought
     # P(complete) at or above *_complete: complete; below *_incomplete: mid-thought; in between: unsure
-    text_complete: float = Field(0.4, ge=0.0, le=1.0)
+    text_complete: float = Field(0.6, ge=0.0, le=1.0)
+    text_complete_marked: float = Field(0.3, ge=0.0, le=1.0)  # ... for words the STT ended with . ? or !
     text_incomplete: float = Field(0.003, ge=0.0, le=1.0)
     acoustic_complete: float = Field(0.5, ge=0.0, le=1.01)
     acoustic_incomplete: float = Field(0.05, ge=0.0, le=1.0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from voicepipe.config import TurnSettings
-from voicepipe.turns.policy import TurnEvidence, TurnPolicy, effective_policy
+from voicepipe.turns.policy import TurnEvidence, TurnPolicy, effective_policy, marked_end
 
-S = TurnSettings(short_wait_ms=200, middle_wait_ms=700, long_wait_ms=2500, text_complete=0.1, text_incomplete=0.01,
-                 acoustic_complete=0.6, acoustic_incomplete=0.3)
+S = TurnSettings(short_wait_ms=200, middle_wait_ms=700, long_wait_ms=2500, text_complete=0.1,
+                 text_complete_marked=0.1, text_incomplete=0.01, acoustic_complete=0.6, acoustic_incomplete=0.3)
 
 
 def policy(name: str) -> TurnPolicy:
@@ -29,6 +29,23 @@ def test_text_sets_the_wait_from_its_verdict(prob, wait, before) -> None:
     assert p.decide(TurnEvidence(wait - 1, text_prob=prob)).action == before
     assert p.decide(TurnEvidence(wait, text_prob=prob)).action == "end"
     assert p.decide(TurnEvidence(wait, text_prob=prob, acoustic_prob=0.0)).wait_ms == wait  # sound is not its evidence
+
+
+def test_words_the_stt_ended_with_a_sentence_mark_are_complete_from_their_own_threshold() -> None:
+    marked = TurnPolicy("text", S.model_copy(update={"text_complete": 0.5, "text_complete_marked": 0.2}), 600)
+    decision = marked.decide(TurnEvidence(0, text_prob=0.3, text_marked=True))
+    assert (decision.wait_ms, decision.reason) == (200, "text says complete; the words end with a sentence mark")
+    assert marked.decide(TurnEvidence(0, text_prob=0.3)).wait_ms == 700  # no mark: unsure below 0.5
+    assert marked.decide(TurnEvidence(0, text_prob=0.005, text_marked=True)).wait_ms == 2500  # still mid-thought
+
+
+@pytest.mark.parametrize(("words", "marked"), [("Can I pay with a credit card?", True),
+                                               ("That's all, thank you.", True), ("Wow!", True),
+                                               ("I'd like to change my...", False), ("The total is…", False),
+                                               ("My name is", False),
+                                               ("where in the nearest hospital,", False), ("Yes.  ", True)])
+def test_a_sentence_mark_is_a_full_stop_a_question_or_an_exclamation_not_an_ellipsis(words, marked) -> None:
+    assert marked_end(words) is marked
 
 
 def test_acoustic_reads_only_the_sound() -> None:

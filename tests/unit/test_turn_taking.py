@@ -79,6 +79,17 @@ def test_decide_asks_the_policy_with_the_evidence_and_records_the_deciding_one()
     assert (record["policy"], record["action"], record["wait_ms"], record["text_prob"]) == ("text", "end", 200, 0.9)
 
 
+def test_words_the_stt_ended_with_a_sentence_mark_are_judged_by_that_threshold() -> None:
+    turns, _ = taking(policy="text")  # the defaults: complete from 0.6, or from 0.3 with a mark
+    turns.speech_started(0)
+    turns.text_known(turns.segment, 0.45, "I need to reschedule my appointment")
+    assert not turns.decide(view(300))  # unsure without the mark
+    turns.text_known(turns.segment, 0.45, "I need to reschedule my appointment.")
+    assert turns.decide(view(300)) and turns.decision_record()["reason"].endswith("sentence mark")
+    turns.speech_started(RATE)  # the caller goes on: the mark of the old words no longer counts
+    assert not turns.decide(view(300))
+
+
 def test_a_reopened_decision_goes_to_the_turn_that_goes_on() -> None:
     turns, _ = taking(policy="text")
     turns.speech_started(RATE)

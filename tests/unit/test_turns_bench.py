@@ -106,5 +106,5 @@ def test_the_default_policy_on_recorded_evidence_meets_the_cut_off_bound_and_bea
     assert default["false_cutoff_rate"] <= 0.05 and default["complete_cut_rate"] == 0.0, default
     assert silence["false_cutoff_rate"] > 0.7  # the old rule cuts most 500-1200 ms pauses ...
     assert default["wait_p50_ms"] < 0.65 * silence["wait_p50_ms"]  # ... and still waits longer
-    hybrid = settings.turn.model_copy(update={"text_complete": 0.5, "text_incomplete": 0.2})  # its own point
+    hybrid = settings.turn.model_copy(update={"text_incomplete": 0.2, "acoustic_complete": 0.7})  # its own point
     assert score(TurnPolicy("hybrid", hybrid, 600), evidence)["false_cutoff_rate"] <= 0.05

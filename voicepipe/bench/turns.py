@@ -25,7 +25,7 @@ import numpy as np
 
 from voicepipe.bench.turn_evidence import RATE, Evidence, collect_evidence, load_evidence, save_evidence
 from voicepipe.config import Settings, TurnSettings
-from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy
+from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy, marked_end
 from voicepipe.vad.silero import WINDOW
 
 
@@ -47,7 +47,7 @@ def replay(policy: TurnPolicy, ev: Evidence) -> Outcome:
         for begin, end in zip(changes, changes[1:], strict=False):
             first = pause.at + -(-(begin - pause.at) // WINDOW) * WINDOW  # the first window at or after `begin`
             evidence = TurnEvidence(0.0, _known(pause.text_prob, pause.text_ready, first),
-                                    _known(pause.acoustic_prob, pause.acoustic_ready, first))
+                                    _known(pause.acoustic_prob, pause.acoustic_ready, first), marked_end(pause.text))
             due = pause.end + int(-(-policy.decide(evidence).wait_ms * RATE // 1000))  # the silence is long enough
             pos = max(first, pause.at + -(-(due - pause.at) // WINDOW) * WINDOW)
             if pos < end:
@@ -98,28 +98,40 @@ def flat_report(evidence: list[Evidence], settings: Settings, policies=POLICIES)
 def calibrate(evidence: list[Evidence], settings: TurnSettings, max_cutoff: float = 0.05) -> dict[str, object]:
     """For `text` and `hybrid`: the thresholds and middle wait that give the shortest wait p50 with false cut-off
     rates (paused and complete utterances) of at most `max_cutoff`, searched over a grid (short and long waits as
-    configured); `best` names the policy with the shorter wait. The defaults in `TurnSettings` come from this."""
+    configured); `best` names the policy with the shorter wait. The defaults in `TurnSettings` come from this.
+    Hybrid keeps the text's threshold for words the STT ended with a sentence mark (`text_complete_marked`)."""
     text_grid = [0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     sound_grid = [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 1.01]  # 1.01: the sound never says complete
     words = [{"text_complete": hi, "text_incomplete": lo} for lo in text_grid for hi in text_grid if hi >= lo]
     sound = [{"acoustic_complete": hi, "acoustic_incomplete": lo, "acoustic_alone": alone}
              for alone in (False, True) for lo in sound_grid[:-1] for hi in sound_grid if hi >= lo]
     found: dict[str, object] = {}
-    for name, points in (("text", words), ("hybrid", [{**w, **a} for w in words for a in sound])):
-        best: tuple[tuple, dict] | None = None
-        for point in ({**p, "middle_wait_ms": middle} for p in points for middle in (700, 1000, 1300)):
-            figures = score(TurnPolicy(name, settings.model_copy(update=point), 0), evidence)
-            if figures["false_cutoff_rate"] > max_cutoff or figures["complete_cut_rate"] > max_cutoff:
-                continue
-            key = (figures["wait_p50_ms"], figures["wait_p95_ms"], figures["false_cutoff_rate"])
-            if best is None or key < best[0]:
-                best = (key, {**point, **figures})
-        if best is not None:
-            found[name] = best[1]
+    marked = [{**w, "text_complete_marked": m} for w in words for m in text_grid if m >= w["text_incomplete"]]
+    found_text = _best("text", marked, evidence, settings, max_cutoff)
+    if found_text is not None:
+        found["text"] = found_text
+    mark = {"text_complete_marked": found_text["text_complete_marked"]} if found_text else {}
+    both = [{**w, "text_complete_marked": w["text_complete"], **mark, **a} for w in words for a in sound]
+    found_hybrid = _best("hybrid", both, evidence, settings, max_cutoff)
+    if found_hybrid is not None:
+        found["hybrid"] = found_hybrid
     if found:
         found["best"] = min((n for n in ("text", "hybrid") if n in found),
                             key=lambda n: (found[n]["wait_p50_ms"], found[n]["wait_p95_ms"]))
     return found
+
+
+def _best(name: str, points: list[dict], evidence: list[Evidence], settings: TurnSettings,
+          max_cutoff: float) -> dict[str, object] | None:
+    best: tuple[tuple, dict] | None = None
+    for point in ({**p, "middle_wait_ms": middle} for p in points for middle in (700, 1000, 1300)):
+        figures = score(TurnPolicy(name, settings.model_copy(update=point), 0), evidence)
+        if figures["false_cutoff_rate"] > max_cutoff or figures["complete_cut_rate"] > max_cutoff:
+            continue
+        key = (figures["wait_p50_ms"], figures["wait_p95_ms"], figures["false_cutoff_rate"])
+        if best is None or key < best[0]:
+            best = (key, {**point, **figures})
+    return None if best is None else best[1]
 
 
 def run_turns_bench(settings: Settings, cache_dir, progress: Callable[[str], None] = print,

@@ -479,7 +479,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
                               temperature=self.cfg.temperature, seed=seed, end_probe=probe)
         if probe:
             gen.end_prob.add_done_callback(
-                lambda f: f.cancelled() or self.turns.text_known(reply.segment, f.result()))
+                lambda f: f.cancelled() or self.turns.text_known(reply.segment, f.result(), text))
         reply.generation = gen
         reply.llm_started = True
         record.timeline["llm_queued"] = self._since()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from voicepipe.audio import AudioBuffer
-from voicepipe.turns.policy import TurnDecision, TurnEvidence, TurnPolicy
+from voicepipe.turns.policy import TurnDecision, TurnEvidence, TurnPolicy, marked_end
 from voicepipe.vad.turn import TurnView
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class TurnTaking:
         self._ended_turn_start: int | None = None  # the same for the turn that ended last (a reopen goes back to it)
         self.segment = 0  # counts speech starts
         self.text_prob: float | None = None
+        self.text_marked = False
         self.acoustic_prob: float | None = None
         self.last: tuple[TurnDecision, TurnEvidence] | None = None
         self.reopened: list[dict[str, Any]] = []  # decisions the caller reopened, for the turn that goes on
@@ -53,6 +54,7 @@ class TurnTaking:
         """The caller speaks (again): what was known of their last pause no longer holds."""
         self.segment += 1
         self.text_prob = self.acoustic_prob = None
+        self.text_marked = False
         self.last = None
         if self._turn_start is None:
             self._turn_start = max(0, sample - int(PRE_SPEECH_S * self.rate))
@@ -79,9 +81,9 @@ class TurnTaking:
             self.acoustic_prob = prob
             self._tell("acoustic", segment, prob)
 
-    def text_known(self, segment: int, prob: float | None) -> None:
+    def text_known(self, segment: int, prob: float | None, words: str = "") -> None:
         if prob is not None and segment == self.segment:
-            self.text_prob = prob
+            self.text_prob, self.text_marked = prob, marked_end(words)
             self._tell("text", segment, prob)
 
     def _tell(self, kind: str, segment: int, value: float | None) -> None:
@@ -92,7 +94,7 @@ class TurnTaking:
         """The TurnDetector's end-of-turn question, asked after every VAD window."""
         if not view.speech_seen or view.in_speech:
             return False
-        evidence = TurnEvidence(view.silence_ms, self.text_prob, self.acoustic_prob)
+        evidence = TurnEvidence(view.silence_ms, self.text_prob, self.acoustic_prob, self.text_marked)
         decision = self.policy.decide(evidence)
         self.last = (decision, evidence)
         return decision.action == "end"

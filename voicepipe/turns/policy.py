@@ -6,7 +6,9 @@ by then:
 - the silence since the caller's speech ended (VAD);
 - text completeness: P(the message ends where the caller's words end), from the call's own LLM (the early reply's
   prefill computes it, see `LLMEngine.generate(end_probe=True)`); it arrives after the speech end, once the STT
-  has the words and the engine has prefilled them;
+  has the words and the engine has prefilled them. Whether the STT itself ended the words with `.`, `?` or `!`
+  counts too: Whisper hears the falling pitch of a finished sentence and writes "..." or nothing after a
+  fragment, so such words are complete from `text_complete_marked` on, the others from `text_complete`;
 - acoustic completeness: P(complete) from Smart Turn over the last 8 s of the caller's audio (voicepipe/turns/
   acoustic.py); it arrives a few ms after the speech end.
 
@@ -33,6 +35,7 @@ class TurnEvidence:
     silence_ms: float  # since the caller's speech ended (0 while they speak)
     text_prob: float | None = None  # None: not known (yet)
     acoustic_prob: float | None = None
+    text_marked: bool = False  # the STT ended the words with a sentence mark (see `marked_end`)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,8 @@ class TurnPolicy:
         if self.name == "silence":
             return self._act(evidence, self.silence_ms, None, f"silence of {self.silence_ms:g} ms")
         s = self.settings
-        text = _verdict(evidence.text_prob, s.text_complete, s.text_incomplete) if self.uses_text else None
+        complete = s.text_complete_marked if evidence.text_marked else s.text_complete
+        text = _verdict(evidence.text_prob, complete, s.text_incomplete) if self.uses_text else None
         sound = (_verdict(evidence.acoustic_prob, s.acoustic_complete, s.acoustic_incomplete)
                  if self.uses_acoustic else None)
         if self.name == "hybrid":
@@ -96,6 +100,8 @@ class TurnPolicy:
             reason = _say("text" if self.name == "text" else "sound", verdict)
         wait = {"complete": s.short_wait_ms, "unsure": s.middle_wait_ms, "incomplete": s.long_wait_ms,
                 None: s.middle_wait_ms}[verdict]
+        if self.uses_text and evidence.text_prob is not None and evidence.text_marked:
+            reason += "; the words end with a sentence mark"
         return self._act(evidence, float(wait), verdict, reason)
 
     @staticmethod
@@ -103,6 +109,12 @@ class TurnPolicy:
         if evidence.silence_ms >= wait_ms:
             return TurnDecision("end", wait_ms, reason)
         return TurnDecision("hold" if verdict == "incomplete" else "wait", wait_ms, reason)
+
+
+def marked_end(words: str) -> bool:
+    """The STT ended `words` with `.`, `?` or `!` (not with an ellipsis, its mark of a trailing-off fragment)."""
+    words = words.rstrip()
+    return words.endswith((".", "?", "!")) and not words.endswith(("..", "…"))
 
 
 def _verdict(prob: float | None, complete: float, incomplete: float) -> Verdict | None:
