@@ -164,7 +164,8 @@ def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]
     from voicepipe.runtime import Runtime
 
     progress("loading the models")
-    runtime = Runtime(settings)
+    # every policy is scored, so Smart Turn loads whatever the configured policy needs ("on": or a clear error)
+    runtime = Runtime(settings.model_copy(update={"turn": settings.turn.model_copy(update={"acoustic": "on"})}))
     runtime.load()
     try:
         if runtime.turn is None:
