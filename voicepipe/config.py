@@ -156,11 +156,6 @@ class LLMSettings(Section):
     # step and a decode's matrix-vector products use both cores (the packed copies cost those weights' memory once
     # more)
     prepack_linears: bool = True
-    # The LLM's weight format (voicepipe/llm/weights.py): "auto" is int8 for a float32 model on the CPU (a decode
-    # reads a quarter of the bytes; measured faster here for 1 to 50 rows) and what device.dtype loaded elsewhere
-    # (bfloat16 on CUDA); "fp32" and "bf16" cast the model; "int8" (per-channel weights, dynamic activations) is
-    # CPU only
-    weights: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     # after a reply, prefill the chat template's opener of the next user turn while the session is idle
     warm_next_turn: bool = True
 
