@@ -135,3 +135,9 @@ def test_speech_after_a_long_quiet_line_is_found_as_fast_as_on_a_fresh_stream(
             starts.append(first.sample - lead)
         late.append((starts[1] - starts[0]) * 1000 / RATE)
     assert max(abs(ms) for ms in late) <= 40, late
+    # the state is zeroed after the same window however the audio was chunked, by the stream itself too
+    clips = [u.audio for u in corpora["espeak"].utterances[:8]]
+    audio = np.concatenate([x for clip in clips for x in (np.zeros(30 * RATE, np.float32), clip)])
+    whole = silero.stream(RATE).push(audio)
+    stream = silero.stream(RATE)
+    assert whole == [e for i in range(0, len(audio), 320) for e in stream.push(audio[i: i + 320])]

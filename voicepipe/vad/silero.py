@@ -26,10 +26,10 @@ WINDOW = 512  # samples per model step at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window prepended to each step
 STATE_SHAPE = (1, 1, 128)
 # Silero's recurrent state drifts over a long stretch of silence: after ~20-30 s of a quiet line (a caller listening
-# to a long reply) it called speech 180 ms after it began, so the STT missed the turn's first words ("What is the
-# capital of France?" heard as "in the capital of France"). The state is zeroed after this many windows of clear
-# silence (5 s), as a fresh stream's is, and the VAD answers a speech start as fast as on a fresh stream.
-RESET_QUIET_WINDOWS = 5 * 16000 // 512
+# to a long reply) it called speech up to 320 ms after it began, so the STT missed the turn's first words ("What is
+# the capital of France?" heard as "in the capital of France"). The state is zeroed after this many windows of
+# clear silence (5 s), as a fresh stream's is, and the VAD answers a speech start as fast as on a fresh stream.
+RESET_QUIET_WINDOWS = 5 * MODEL_RATE // WINDOW
 
 EventKind = Literal["speech_start", "speech_end", "end_of_turn"]
 
@@ -100,8 +100,7 @@ class VADStream:
 
     def reset(self) -> None:
         """Forget all state (a new stream starting at sample 0)."""
-        self._h = np.zeros(STATE_SHAPE, dtype=np.float32)
-        self._c = np.zeros(STATE_SHAPE, dtype=np.float32)
+        self._zero_state()
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)
         self._model_pos = 0  # model-rate samples consumed into windows
@@ -140,19 +139,26 @@ class VADStream:
         self._pending = pending[n * WINDOW:].copy()
         if n == 0:
             return []
-        if self._quiet_windows >= RESET_QUIET_WINDOWS:  # see RESET_QUIET_WINDOWS
-            self._h = np.zeros(STATE_SHAPE, dtype=np.float32)
-            self._c = np.zeros(STATE_SHAPE, dtype=np.float32)
-            self._quiet_windows = 0
         body = pending[: n * WINDOW].reshape(n, WINDOW)
         contexts = np.concatenate([self._context[None], body[:-1, -CONTEXT:]], axis=0)
         windows = np.ascontiguousarray(np.concatenate([contexts, body], axis=1), dtype=np.float32)
         self._context = body[-1, -CONTEXT:].copy()
-        probs, self._h, self._c = self.vad.run(windows, self._h, self._c)
         events: list[VADEvent] = []
-        for prob in probs:
-            self._step(float(prob), events)
+        done = 0
+        while done < n:
+            probs, self._h, self._c = self.vad.run(windows[done:], self._h, self._c)
+            for prob in probs:
+                self._step(float(prob), events)
+                done += 1
+                if self._quiet_windows >= RESET_QUIET_WINDOWS:  # zeroed here, whatever the chunking: the windows
+                    self._zero_state()  # after this one run again from the fresh state
+                    self._quiet_windows = 0
+                    break
         return events
+
+    def _zero_state(self) -> None:
+        self._h = np.zeros(STATE_SHAPE, dtype=np.float32)
+        self._c = np.zeros(STATE_SHAPE, dtype=np.float32)
 
     def flush(self) -> list[VADEvent]:
         """End of stream: close an open speech segment at the last sample seen."""
