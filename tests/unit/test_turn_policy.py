@@ -79,6 +79,17 @@ def test_with_acoustic_alone_the_sound_may_end_the_turn_before_the_words_are_kno
     assert (decision.action, decision.reason) == ("end", "sound says complete; words not known yet")
 
 
+def test_in_hybrid_the_words_alone_do_not_end_the_turn_while_the_sound_is_being_scored() -> None:
+    waiting = policy("hybrid").decide(TurnEvidence(300, text_prob=0.9, acoustic_pending=True))
+    assert (waiting.action, waiting.wait_ms) == ("wait", 700)
+    assert waiting.reason == "text says complete; waiting for the sound", waiting
+    # once it lands, or when no score is coming (the model failed), the words decide
+    assert policy("hybrid").decide(TurnEvidence(300, text_prob=0.9, acoustic_prob=0.4)).action == "end"
+    assert policy("hybrid").decide(TurnEvidence(300, text_prob=0.9)).action == "end"
+    # a mid-thought verdict does not wait for the sound
+    assert policy("hybrid").decide(TurnEvidence(300, text_prob=0.001, acoustic_pending=True)).wait_ms == 2500
+
+
 def test_a_decision_is_recorded_with_its_evidence_and_reason() -> None:
     evidence = TurnEvidence(231.04, text_prob=0.912345, acoustic_prob=0.88)
     decision = policy("hybrid").decide(evidence)

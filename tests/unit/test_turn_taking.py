@@ -79,6 +79,34 @@ def test_decide_asks_the_policy_with_the_evidence_and_records_the_deciding_one()
     assert (record["policy"], record["action"], record["wait_ms"], record["text_prob"]) == ("text", "end", 200, 0.9)
 
 
+def test_hybrid_waits_for_a_slow_smart_turn_before_the_words_end_the_turn() -> None:
+    """The CI failure this guards against: under load Smart Turn's score landed after the words, and hybrid ended
+    the turn on the words alone."""
+    async def main():
+        turns, model = taking(prob=0.4)
+        release = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def slow_predict(audio):
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+            return 0.4
+
+        model.predict = slow_predict
+        turns.push(np.zeros(2 * RATE, np.int16))
+        turns.speech_started(100)
+        turns.speech_ended(RATE)
+        turns.text_known(turns.segment, 0.9)
+        try:
+            assert not turns.decide(view(300))  # the words say complete, the sound is on its way
+        finally:
+            release.set()
+        await turns._scoring
+        assert turns.decide(view(300))
+        assert turns.decision_record()["acoustic_prob"] == 0.4
+
+    asyncio.run(main())
+
+
 def test_words_the_stt_ended_with_a_sentence_mark_are_judged_by_that_threshold() -> None:
     turns, _ = taking(policy="text")  # the defaults: complete from 0.6, or from 0.3 with a mark
     turns.speech_started(0)

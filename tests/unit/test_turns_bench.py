@@ -10,7 +10,7 @@ import pytest
 from voicepipe.bench.turn_evidence import Evidence, Pause, load_evidence
 from voicepipe.bench.turns import RATE, WINDOW, Outcome, _known, _outcome, calibrate, flat_report, replay, score
 from voicepipe.config import Settings, TurnSettings
-from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy
+from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy, marked_end
 
 MS = RATE // 1000
 
@@ -20,8 +20,10 @@ def brute_force(policy: TurnPolicy, ev: Evidence) -> Outcome:
     for pause in ev.pauses:
         stop = ev.processed if pause.resumed is None else pause.resumed
         for pos in range(pause.at, stop, WINDOW):
-            evidence = TurnEvidence((pos - pause.end) / MS, _known(pause.text_prob, pause.text_ready, pos),
-                                    _known(pause.acoustic_prob, pause.acoustic_ready, pos))
+            sound = _known(pause.acoustic_prob, pause.acoustic_ready, pos)
+            evidence = TurnEvidence((pos - pause.end) / MS, _known(pause.text_prob, pause.text_ready, pos), sound,
+                                    marked_end(pause.text),
+                                    acoustic_pending=sound is None and pause.acoustic_ready is not None)
             if policy.decide(evidence).action == "end":
                 return _outcome(ev, pos)
     return Outcome(None, None, False)

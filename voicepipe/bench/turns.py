@@ -46,8 +46,10 @@ def replay(policy: TurnPolicy, ev: Evidence) -> Outcome:
                                              if r is not None and pause.at < r < stop})
         for begin, end in zip(changes, changes[1:], strict=False):
             first = pause.at + -(-(begin - pause.at) // WINDOW) * WINDOW  # the first window at or after `begin`
-            evidence = TurnEvidence(0.0, _known(pause.text_prob, pause.text_ready, first),
-                                    _known(pause.acoustic_prob, pause.acoustic_ready, first), marked_end(pause.text))
+            sound = _known(pause.acoustic_prob, pause.acoustic_ready, first)
+            evidence = TurnEvidence(0.0, _known(pause.text_prob, pause.text_ready, first), sound,
+                                    marked_end(pause.text), acoustic_pending=sound is None and pause.acoustic_ready
+                                    is not None)
             due = pause.end + int(-(-policy.decide(evidence).wait_ms * RATE // 1000))  # the silence is long enough
             pos = max(first, pause.at + -(-(due - pause.at) // WINDOW) * WINDOW)
             if pos < end:

@@ -41,6 +41,7 @@ class TurnTaking:
         self.last: tuple[TurnDecision, TurnEvidence] | None = None
         self.reopened: list[dict[str, Any]] = []  # decisions the caller reopened, for the turn that goes on
         self._scoring: asyncio.Task | None = None
+        self._scoring_segment = 0  # the segment `_scoring` scores
         # called as ("speech_end" | "text" | "acoustic", segment, value) when the VAD reports a speech end or a
         # piece of evidence lands (`voicepipe bench turns` records the times)
         self.on_evidence: Callable[[str, int, float | None], None] | None = None
@@ -68,7 +69,7 @@ class TurnTaking:
             return
         audio = self._audio.latest(self._pushed - self._turn_start)  # at most the last ACOUSTIC_SECONDS
         audio = audio[:max(0, len(audio) - (self._pushed - end))]
-        segment = self.segment
+        self._scoring_segment = segment = self.segment
         self._scoring = asyncio.get_running_loop().create_task(self._score(audio, segment))
 
     async def _score(self, audio: np.ndarray, segment: int) -> None:
@@ -94,10 +95,14 @@ class TurnTaking:
         """The TurnDetector's end-of-turn question, asked after every VAD window."""
         if not view.speech_seen or view.in_speech:
             return False
-        evidence = TurnEvidence(view.silence_ms, self.text_prob, self.acoustic_prob, self.text_marked)
+        evidence = TurnEvidence(view.silence_ms, self.text_prob, self.acoustic_prob, self.text_marked,
+                                acoustic_pending=self._sound_pending())
         decision = self.policy.decide(evidence)
         self.last = (decision, evidence)
         return decision.action == "end"
+
+    def _sound_pending(self) -> bool:
+        return self._scoring is not None and not self._scoring.done() and self._scoring_segment == self.segment
 
     def decision_record(self) -> dict[str, Any]:
         """The decision that ended the turn, as the turn record keeps it ({} when something else ended it)."""

@@ -36,6 +36,7 @@ class TurnEvidence:
     text_prob: float | None = None  # None: not known (yet)
     acoustic_prob: float | None = None
     text_marked: bool = False  # the STT ended the words with a sentence mark (see `marked_end`)
+    acoustic_pending: bool = False  # the sound of this pause is being scored: its P(complete) is on its way
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ class TurnPolicy:
             if text is None and sound == "complete" and not s.acoustic_alone:
                 sound = "unsure"  # the sound alone does not end a turn: wait for the words
             verdict, reason = _combine(text, sound)
+            if sound is None and verdict == "complete" and evidence.acoustic_pending:
+                # nor do the words while the sound is still being scored (tens of ms): hybrid weighs both
+                verdict, reason = "unsure", reason + "; waiting for the sound"
         else:
             verdict = text if self.name == "text" else sound
             reason = _say("text" if self.name == "text" else "sound", verdict)
