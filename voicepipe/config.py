@@ -108,7 +108,7 @@ class STTSettings(Section):
 
     device: Literal["auto", "cpu", "cuda"] = "auto"  # "auto": follow device.device
     compute_type: str = "auto"  # "auto": int8 on CPU, float16 on CUDA
-    cpu_threads: int = Field(0, ge=0, le=256)  # 0: CTranslate2 default
+    cpu_threads: int = Field(0, ge=0, le=256)  # 0: half the CPU cores, 1 to 4 (voicepipe/stt/model.py)
     language: str | None = "en"
     partial_interval_ms: int = Field(300, ge=50, le=5000)
     initial_prompt: str | None = None  # default vocabulary bias; a call can set its own
