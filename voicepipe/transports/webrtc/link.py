@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 
-from voicepipe.transports.serializers.native import mark_message, start_message, stop_message
+from voicepipe.transports.serializers.native import dtmf_message, mark_message, start_message, stop_message
 from voicepipe.transports.webrtc.media import RATE, PacedTrack, drain
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,11 @@ class PeerLink:
             self._inbox.put_nowait({"type": "websocket.receive", "text": stop_message(reason)})
         else:
             self._end(reason)
+
+    def key_pressed(self, digit: str) -> None:
+        """A keypad digit the caller sent outside the media (SIP INFO): the call gets it as a native `dtmf`."""
+        if self._started and not self._ended:
+            self._inbox.put_nowait({"type": "websocket.receive", "text": dtmf_message(digit)})
 
     def _played(self, mark: str) -> None:
         if not self._ended:
