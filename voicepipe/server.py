@@ -21,7 +21,7 @@ from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
 from voicepipe.transports.sip import create_sip_router, hang_up_sip_calls
 from voicepipe.transports.webrtc import create_webrtc_router, hang_up_webrtc_calls
-from voicepipe.web import mount_softphone
+from voicepipe.web import mount_sipphone, mount_softphone
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     install_dashboard(app)
     app.include_router(create_webrtc_router(app))
     app.include_router(create_sip_router(app))
+    if settings.sip.enabled:
+        mount_sipphone(app)
     mount_softphone(app)
     if settings.observability.metrics:
         _mount_metrics(app)

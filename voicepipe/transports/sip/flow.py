@@ -34,6 +34,7 @@ from voicepipe.transports.sip.message import (
     response_to,
 )
 from voicepipe.transports.sip.transactions import ServerTransaction, TransactionTable, has_rfc3261_branch, new_tag
+from voicepipe.transports.webrtc.signalling import BadOffer, check_sdp
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,11 @@ class SipFlow:
             return
         if content_type != "application/sdp":
             self._respond(tx, 415, headers=[("Accept", "application/sdp")])
+            return
+        try:
+            check_sdp(request.body)
+        except BadOffer as exc:
+            self._respond(tx, 488, f"Not Acceptable Here ({exc})")
             return
         if wants_session_timer(request) and session_expires(request)[0] < MIN_SESSION_EXPIRES_S:
             self._respond(tx, 422, headers=[("Min-SE", str(MIN_SESSION_EXPIRES_S))])

@@ -7,13 +7,15 @@ import asyncio
 import logging
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, WebSocket
+from fastapi import APIRouter, FastAPI, Request, WebSocket
 
-from voicepipe.auth import token_ok
+from voicepipe.auth import check_http_token, token_ok
 from voicepipe.transports.connection import CLOSE_POLICY
 from voicepipe.transports.sip.digest import DigestServer
 from voicepipe.transports.sip.flow import SipFlow
-from voicepipe.transports.sip.message import Request, parse_address
+from voicepipe.transports.sip.message import Request as SipRequest
+from voicepipe.transports.sip.message import parse_address
+from voicepipe.transports.webrtc.signalling import ice_servers_json
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class SipService:
         return self._agents.get(agent, self.settings)
 
     @staticmethod
-    def start_fields(invite: Request, agent: str) -> dict[str, Any]:
+    def start_fields(invite: SipRequest, agent: str) -> dict[str, Any]:
         """What the call's record keeps of the INVITE (its metadata)."""
         caller = parse_address(invite.get("From") or "")
         return {"metadata": {"sip_to": agent[:64], "sip_from": caller.uri[:200], "sip_name": caller.display[:100]}}
@@ -56,7 +58,7 @@ class SipService:
 
 
 def create_sip_router(app: FastAPI) -> APIRouter:
-    """`/sip`; an empty router when `sip.enabled` is off."""
+    """`/sip` (the WebSocket) and `/sip/config` (for the web phone); an empty router when `sip.enabled` is off."""
     router = APIRouter()
     if not app.state.settings.sip.enabled:
         return router
@@ -75,6 +77,15 @@ def create_sip_router(app: FastAPI) -> APIRouter:
             return
         await ws.accept(subprotocol=SUBPROTOCOL)
         await SipFlow(ws, service).run()
+
+    @router.get("/sip/config")
+    async def config(request: Request) -> dict:
+        """What the SIP web phone needs: the domain (None: any, use the page's host), whether digest credentials
+        are asked for, the agents configured by name, and the ICE servers for the peer connection."""
+        check_http_token(request)
+        sip = request.app.state.settings.sip
+        return {"domain": sip.domain, "auth": bool(sip.users), "agents": sorted(sip.agents) or ["agent"],
+                "iceServers": ice_servers_json(request.app.state.settings)}
 
     return router
 
