@@ -1,6 +1,6 @@
 """HTTP digest authentication as SIP uses it (RFC 3261 22.4 with RFC 2617's MD5 and qop=auth), both ends.
 
-The server (`DigestServer`) challenges with a nonce that carries its own issue time and an HMAC of it, so it
+The server (`DigestServer`) challenges with a nonce that carries its issue time, a salt and an HMAC of both, so it
 keeps no state per nonce beyond the highest nonce count seen (a bounded table, against replays); a nonce older
 than `nonce_ttl_s` is answered with a fresh one marked `stale=true`, which clients retry without asking the
 user. The client's end (`authorization`) is what `voicepipe call --transport sip` and the tests send.
@@ -70,7 +70,7 @@ class DigestServer:
 
     def challenge(self, stale: bool = False) -> str:
         """A `WWW-Authenticate` value with a fresh nonce."""
-        issued = f"{int(self.clock() * 1000):x}"
+        issued = f"{int(self.clock() * 1000):x}.{secrets.token_hex(4)}"  # when, and a salt: fresh every time
         nonce = f"{issued}.{self._sign(issued)}"
         return (f'Digest realm="{self.realm}", nonce="{nonce}", algorithm=MD5, qop="auth"'
                 + (", stale=true" if stale else ""))
@@ -89,7 +89,7 @@ class DigestServer:
             return AuthResult(None, "qop=auth with cnonce and nc is required")
         if not self._uri_matches(creds.get("uri", ""), request.uri):
             return AuthResult(None, "the digest uri is not the Request-URI")
-        issued, _, signature = nonce.partition(".")
+        issued, _, signature = nonce.rpartition(".")
         if not hmac.compare_digest(signature.encode(), self._sign(issued).encode()):
             return AuthResult(None, "a nonce this server did not issue")
         password = self.users.get(user)
@@ -97,7 +97,7 @@ class DigestServer:
                                    creds["nc"], creds["cnonce"])
         if password is None or not hmac.compare_digest(expected, creds.get("response", "")):
             return AuthResult(None, f"wrong user or password (user {user[:40]!r})")
-        if self.clock() * 1000 - int(issued, 16) > self.nonce_ttl_s * 1000:
+        if self.clock() * 1000 - int(issued.partition(".")[0], 16) > self.nonce_ttl_s * 1000:
             return AuthResult(None, "the nonce expired", stale=True)
         if not self._count_is_new(nonce, creds["nc"]):
             return AuthResult(None, "a nonce count seen before (a replay)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DIGITS = frozenset("0123456789*#ABCD")
 CONTENT_TYPES = ("application/dtmf-relay", "application/dtmf")
-# Some phones send the RFC 4733 event numbers instead of the characters for these.
+# Some phones put the RFC 4733 event numbers in dtmf-relay's Signal instead of the characters for these.
 EVENT_NUMBERS = {"10": "*", "11": "#", "12": "A", "13": "B", "14": "C", "15": "D"}
 
 
@@ -30,11 +30,12 @@ def info_digit(content_type: str | None, body: str) -> str:
         signal = fields.get("signal")
         if signal is None:
             raise BadDtmf("dtmf-relay body has no Signal line")
+        signal = EVENT_NUMBERS.get(signal, signal)
     elif kind == "application/dtmf":
         signal = body.strip()
     else:
         raise BadDtmf(f"not a DTMF content type: {kind[:40]!r}")
-    digit = EVENT_NUMBERS.get(signal, signal.upper())
+    digit = signal.upper()
     if digit not in DIGITS:
         raise BadDtmf(f"not a DTMF key: {signal[:20]!r}")
     return digit

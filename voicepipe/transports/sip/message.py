@@ -316,13 +316,19 @@ class Uri:
     params: dict[str, str | None]
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):\S")
 _URI = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):(?:(?P<user>[^@;?]*)(?::[^@;?]*)?@)?"
                   r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>[0-9]{1,5}))?"
                   r"(?P<params>;[^?]*)?(?:\?.*)?")
 
 
 def parse_uri(uri: str) -> Uri | None:
-    """A sip:, sips: (or other scheme's) URI in parts; None when it cannot be read."""
+    """A sip: or sips: URI in parts (another scheme's has only its scheme); None when it cannot be read."""
+    scheme = _SCHEME.match(uri.strip())
+    if scheme is None:
+        return None
+    if scheme[1].lower() not in ("sip", "sips"):
+        return Uri(scheme[1].lower(), "", "", None, {})
     match = _URI.fullmatch(uri.strip())
     if match is None:
         return None
@@ -354,10 +360,11 @@ def parse_via(value: str) -> Via | None:
 def response_to(request: Request, status: int, reason: str | None = None, *, to_tag: str | None = None,
                 headers: list[tuple[str, str]] | None = None, body: str = "") -> Response:
     """The response to `request`: its Via fields (in order), From, Call-ID and CSeq copied as they are, and its
-    To with `to_tag` added when it has none (RFC 3261 8.2.6.2), then `headers` and `body`."""
+    To with `to_tag` added when it has none (RFC 3261 8.2.6.2; a 100 Trying goes without), then `headers` and
+    `body`."""
     copied = [("Via", v) for v in request.values("Via")]
     to = request.get("To") or ""
-    if to_tag and parse_address(to).params.get("tag") is None:
+    if to_tag and status != 100 and parse_address(to).params.get("tag") is None:
         to = f"{to};tag={to_tag}"
     copied += [("From", request.get("From") or ""), ("To", to), ("Call-ID", request.call_id),
                ("CSeq", request.get("CSeq") or "")]
