@@ -8,6 +8,8 @@ quiet call within seconds, and short replies.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from tests.e2e.test_call_transports import speak
 from tests.e2e.test_call_webrtc import caller_wav, wait_until
 from tests.e2e.test_observability import stored_call
 from tests.net_helpers import in_process_server
+from tests.sip_helpers import SipSocket, digest_credentials, new_branch, request
+from voicepipe.caller.sip import SipPeerClient
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import Dtmf
 
@@ -181,3 +185,166 @@ def test_the_sip_phone_in_chromium(server, voice_dir: Path, keys_seen, engine: s
     base, app = server
     out = phone_scenario(base, app, voice_dir, keys_seen, open_page)
     check_scenario(base, app, out, engine)
+
+
+# -- the protocol's edge cases, with a SIP client written by hand -------------------------------------------------
+def offer_sdp() -> str:
+    """A real WebRTC offer (aiortc's): the server answers it, though no media will follow."""
+    from aiortc import RTCPeerConnection
+
+    async def make() -> str:
+        pc = RTCPeerConnection()
+        pc.addTransceiver("audio")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = pc.localDescription.sdp
+        await pc.close()
+        return sdp
+
+    return asyncio.run(make())
+
+
+class Caller:
+    """A hand-written SIP caller on one socket: digest credentials from one challenge, counted per request."""
+
+    def __init__(self, sock: SipSocket) -> None:
+        self.sock = sock
+        sock.send(request("REGISTER", "sip:127.0.0.1"))
+        self.challenge = sock.receive().header("WWW-Authenticate")
+        self.nc = 0
+
+    def invite(self, call_id: str, branch: str, *, cseq: int = 1, headers: tuple = (), sdp: str = "") -> str:
+        self.nc += 1
+        auth = digest_credentials(self.challenge, "INVITE", "sip:agent@127.0.0.1", USER, PASSWORD, nc=self.nc)
+        return request("INVITE", call_id=call_id, branch=branch, cseq=cseq, body=sdp,
+                       headers=(("Contact", "<sip:alice@test.invalid;transport=ws>"),
+                                ("Content-Type", "application/sdp"), ("Authorization", auth), *headers))
+
+
+def sip_calls(app, call_id: str) -> list:
+    return [c for c in list(app.state.sip.calls) if c.invite.call_id == call_id]
+
+
+def test_retransmissions_the_200_until_the_ack_and_a_session_refresh(server) -> None:
+    base, app = server
+    sdp = offer_sdp()
+    with SipSocket(base) as sock:
+        caller = Caller(sock)
+        branch, call_id = new_branch(), new_branch()
+        invite = caller.invite(call_id, branch, sdp=sdp,
+                               headers=(("Supported", "timer"), ("Session-Expires", "90")))
+        sock.send(invite)
+        sock.send(invite)  # retransmitted before the answer: the transaction repeats its 100 Trying
+        got = [sock.receive(), sock.receive(), sock.receive()]
+        assert [m.status for m in got] == [100, 100, 200], [m.text for m in got]
+        ok = got[2]
+        assert ok.header("Session-Expires") == "90;refresher=uac" and ok.header("Require") == "timer"
+        assert ok.header("Content-Type") == "application/sdp" and "a=ice-ufrag" in ok.body
+        assert ok.header("X-Voicepipe-Call-Id") == call_id
+        assert len(sip_calls(app, call_id)) == 1  # one call, not two
+        # No ACK yet: the 200 OK comes again (RFC 3261 13.3.1.4), the same message.
+        assert sock.receive(timeout=2.0).text == ok.text
+        tag = ok.to_tag
+        sock.send(request("ACK", call_id=call_id, to_tag=tag, headers=(("Contact", "<sip:a@t.invalid>"),)))
+        sock.send(invite)  # after the 2xx the INVITE's retransmission is absorbed (RFC 6026)
+        assert sock.quiet(2.5) == []
+        # A session refresh (RFC 4028) inside the dialog.
+        sock.send(request("UPDATE", call_id=call_id, to_tag=tag, cseq=2, headers=(("Supported", "timer"),
+                                                                                 ("Session-Expires", "120"))))
+        refreshed = sock.receive()
+        assert refreshed.status == 200 and refreshed.header("Session-Expires") == "120;refresher=uac"
+        sock.send(request("BYE", call_id=call_id, to_tag=tag, cseq=3))
+        assert sock.receive().status == 200
+        wait_until(lambda: not sip_calls(app, call_id), 10, "the call to go")
+
+
+def test_cancel_before_the_answer(server) -> None:
+    base, app = server
+    sdp = offer_sdp()
+    with SipSocket(base) as sock:
+        caller = Caller(sock)
+        branch, call_id = new_branch(), new_branch()
+        sock.send(caller.invite(call_id, branch, sdp=sdp))
+        sock.send(request("CANCEL", call_id=call_id, branch=branch))
+        trying, cancelled, terminated = sock.receive(), sock.receive(), sock.receive()
+        assert trying.status == 100
+        assert cancelled.status == 200 and cancelled.header("CSeq") == "1 CANCEL"
+        assert terminated.status == 487 and terminated.header("CSeq") == "1 INVITE"
+        assert terminated.to_tag == cancelled.to_tag  # RFC 3261 9.2
+        sock.send(request("ACK", call_id=call_id, branch=branch, to_tag=terminated.to_tag))  # absorbed
+        assert sock.quiet(1.0) == []
+        assert not sip_calls(app, call_id) and call_id not in app.state.calls.active
+
+
+def test_over_sip_max_calls_an_invite_gets_486(server) -> None:
+    base, app = server
+    sdp = offer_sdp()
+    with SipSocket(base) as sock:
+        caller = Caller(sock)
+        answered = []
+        for _ in range(3):  # the fixture's sip.max_calls
+            call_id = new_branch()
+            sock.send(caller.invite(call_id, new_branch(), sdp=sdp))
+            ok = sock.final()
+            assert ok.status == 200, ok.text
+            sock.send(request("ACK", call_id=call_id, to_tag=ok.to_tag))
+            answered.append((call_id, ok.to_tag))
+        sock.send(caller.invite(new_branch(), new_branch(), sdp=sdp))
+        busy = sock.final()
+        assert busy.status == 486 and busy.to_tag, busy.text
+        for call_id, tag in answered:
+            sock.send(request("BYE", call_id=call_id, to_tag=tag, cseq=2))
+            assert sock.final().status == 200
+    wait_until(lambda: not app.state.sip.calls, 10, "the calls to go")
+
+
+GARBAGE = ["hello", "INVITE sip:agent@127.0.0.1 SIP/2.0\r\n\r\n", "\r\n".join(["OPTIONS sip:x SIP/2.0"] * 200),
+           request("INFO", to_tag="x", body="y" * 200_000), request("OPTIONS").replace("CSeq: 1", "CSeq: -1"),
+           request("BYE", to_tag="no-such-dialog")]
+
+
+def test_a_call_from_the_python_client_keys_by_info_and_bad_input_alongside(server, keys_seen) -> None:
+    """A real call (aiortc media, SIP signalling) takes keys by INFO in both content types and refuses bad INFO
+    bodies, while another connection sends garbage, oversized and malformed messages and a wrong password:
+    each gets its answer or is dropped, and the call goes on to its hang-up."""
+    base, app = server
+    params = {"user": USER, "password": PASSWORD, "register": True}
+
+    async def call() -> tuple[SipPeerClient, list[int]]:
+        async with SipPeerClient(base, new_branch(), params) as phone:
+            wait = time.monotonic() + 15
+            while phone.call_id not in app.state.calls.active and time.monotonic() < wait:
+                await asyncio.sleep(0.05)
+            statuses = [(await phone.send_dtmf("7")).status,
+                        (await phone.send_dtmf("#", "application/dtmf")).status,
+                        (await phone.send_dtmf("X", "application/dtmf")).status]
+            statuses.append((await phone._transact(phone._in_dialog(
+                "INFO", headers=[("Content-Type", "text/plain")], body="5"))).status)
+            await asyncio.to_thread(bad_input_elsewhere)
+            assert phone.call_id in app.state.calls.active, "the call did not survive the bad input"
+            await phone.send('{"type": "stop"}')
+        return phone, statuses
+
+    def bad_input_elsewhere() -> None:
+        with SipSocket(base) as sock:
+            for text in GARBAGE:
+                sock.send(text)
+            answers = sock.quiet(1.5)
+            assert sorted(m.status for m in answers) == [400, 481, 513], [m.text[:80] for m in answers]
+
+    phone, statuses = asyncio.run(call())
+    assert statuses == [200, 200, 400, 415]
+    assert [digit for call_id, digit in keys_seen if call_id == phone.call_id] == ["7", "#"]
+    assert phone.setup_ms is not None and phone.close_code == 1000
+    wait_until(lambda: phone.call_id not in app.state.calls.active, 10, "the call to end")
+    assert app.state.calls.get(phone.call_id).end_reason == "hangup"
+
+
+def test_a_wrong_password_gets_no_call(server) -> None:
+    base, app = server
+
+    async def call() -> None:
+        async with SipPeerClient(base, new_branch(), {"user": USER, "password": "guess"}):
+            pass
+
+    with pytest.raises(ConnectionError, match="INVITE answered 401"):
+        asyncio.run(call())

@@ -135,7 +135,7 @@ class SipFlow:
     def _refuse(self, exc: SipError) -> None:
         """A message `parse` refused: answered outside any transaction when it is a request we can answer."""
         request = exc.request
-        if request is None or request.method == "ACK":
+        if request is None or request.method == "ACK" or not request.has("Via"):  # nothing a response could match
             log.warning("sip: %s: dropped a message: %s", self.peer, exc.reason)
             return
         log.warning("sip: %s: %s %s refused: %d %s", self.peer, request.method, request.uri[:60], exc.status,
