@@ -181,7 +181,7 @@ def _parse_head(head: str) -> tuple[Request | Response | None, str | None]:
     for line in lines[1:]:
         if line[:1] in (" ", "\t") and headers:  # folded: continues the previous value
             name, value = headers[-1]
-            headers[-1] = (name, f"{value} {line.strip()}")
+            headers[-1] = (name, f"{value} {line.strip()}".strip())
             continue
         name, colon, value = line.partition(":")
         name = name.strip()
