@@ -9,6 +9,7 @@ quiet call within seconds, and short replies.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.sip_helpers import SipSocket, digest_credentials, new_branch, request
 from voicepipe.caller.sip import SipPeerClient
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import Dtmf
+from voicepipe.transports.sip import hang_up_sip_calls
 
 pytestmark = pytest.mark.e2e
 
@@ -252,7 +254,19 @@ def test_retransmissions_the_200_until_the_ack_and_a_session_refresh(server) -> 
                                                                                  ("Session-Expires", "120"))))
         refreshed = sock.receive()
         assert refreshed.status == 200 and refreshed.header("Session-Expires") == "120;refresher=uac"
-        sock.send(request("BYE", call_id=call_id, to_tag=tag, cseq=3))
+        # A re-INVITE with the same offer gets the same answer; one that restarts ICE is refused, the call goes on.
+        reinvite = request("INVITE", call_id=call_id, to_tag=tag, cseq=3, body=sdp,
+                           headers=(("Content-Type", "application/sdp"), ("Contact", "<sip:a@t.invalid>")))
+        sock.send(reinvite)
+        again = sock.final()
+        assert again.status == 200 and again.body == ok.body
+        sock.send(request("ACK", call_id=call_id, to_tag=tag, cseq=3))
+        restart = re.sub(r"a=ice-ufrag:\S+", "a=ice-ufrag:rest", sdp)
+        sock.send(request("INVITE", call_id=call_id, to_tag=tag, cseq=4, body=restart,
+                          headers=(("Content-Type", "application/sdp"),)))
+        assert sock.final().status == 488
+        assert len(sip_calls(app, call_id)) == 1
+        sock.send(request("BYE", call_id=call_id, to_tag=tag, cseq=5))
         assert sock.receive().status == 200
         wait_until(lambda: not sip_calls(app, call_id), 10, "the call to go")
 
@@ -348,3 +362,26 @@ def test_a_wrong_password_gets_no_call(server) -> None:
 
     with pytest.raises(ConnectionError, match="INVITE answered 401"):
         asyncio.run(call())
+
+
+def test_the_server_stopping_hangs_up_with_a_bye(server) -> None:
+    """What the app's shutdown does to a SIP call whose WebSocket is up: the call ends, and the phone gets a BYE
+    that says why."""
+    base, app = server
+
+    async def call() -> SipPeerClient:
+        async with SipPeerClient(base, new_branch(), {"user": USER, "password": PASSWORD}) as phone:
+            wait = time.monotonic() + 15
+            while phone.call_id not in app.state.calls.active and time.monotonic() < wait:
+                await asyncio.sleep(0.05)
+            server_loop = next(iter(app.state.sip.tasks)).get_loop()
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(hang_up_sip_calls(app), server_loop))
+            await asyncio.wait_for(phone._closed.wait(), 10)
+        return phone
+
+    phone = asyncio.run(call())
+    assert (phone.close_code, phone.close_reason) == (1000, "shutdown")
+    [bye] = [r for r in phone.received_requests if r.method == "BYE"]
+    assert bye.get("Reason") == 'Q.850;cause=16;text="shutdown"'
+    assert bye.to_tag == phone.local_tag and bye.call_id == phone.call_id
+    assert app.state.calls.get(phone.call_id).end_reason == "shutdown"
