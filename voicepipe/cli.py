@@ -284,8 +284,11 @@ def bench_sip(
         s, v = report["setup_ms"][name], report["voice_to_voice_ms"][name]
         table.add_row(name, str(s["p50"]), str(s["p95"]), str(v["p50"]), str(v["p95"]))
     console.print(table)
+    response = report["response_ms"]
     console.print(f"sip/webrtc: setup {report['setup_sip_over_webrtc']}, voice-to-voice "
-                  f"{report['voice_to_voice_sip_over_webrtc']}; targets {report['targets']}")
+                  f"{report['voice_to_voice_sip_over_webrtc']} (paired by turn: "
+                  f"{report['voice_to_voice_paired_ratio']}), server response p50 {response['sip']['p50']} / "
+                  f"{response['webrtc']['p50']} ms; targets {report['targets']}")
 
 
 @bench_app.command("turns")

@@ -246,3 +246,15 @@ def test_sip_max_calls_zero_refuses_every_invite(tmp_path) -> None:
         sock.send(request("INVITE", headers=(("Content-Type", "application/sdp"),), body=SDP))
         answer = sock.receive()
         assert answer.status == 486 and answer.to_tag
+
+
+def test_numbers_that_are_not_ascii_digits_are_no_numbers(tmp_path) -> None:
+    """'²' passes str.isdigit and fails int(): an Expires or Session-Expires of it is ignored, not a 500."""
+    with app_on_loopback(create_app(call_settings(tmp_path), load_models=False)) as url, SipSocket(url) as sock:
+        sock.send(request("REGISTER", "sip:127.0.0.1", headers=(("Expires", "²"),
+                                                              ("Contact", "<sip:x@y.invalid>;expires=²"))))
+        ok = sock.receive()
+        assert ok.status == 200 and ok.header("Contact") == "<sip:x@y.invalid>;expires=600"
+        sock.send(request("INVITE", headers=(("Content-Type", "application/sdp"), ("Supported", "timer"),
+                                             ("Session-Expires", "²")), body=SDP))
+        assert [sock.receive().status, sock.receive().status] == [100, 503]  # past the timer check (no 422/500)

@@ -252,3 +252,10 @@ def test_the_table_is_bounded() -> None:
     for i in range(50):
         table.receive(sip_request("OPTIONS", branch=f"z9hG4bK{i}"))
     assert len(table) == 10
+
+
+def test_a_reason_phrase_stays_on_its_line() -> None:
+    request = parse(INVITE, MAX)
+    text = response_to(request, 488, "Not Acceptable Here (line one\r\nInjected: yes)").serialize()
+    assert text.startswith("SIP/2.0 488 Not Acceptable Here (line one Injected: yes)\r\n")
+    assert parse(text, MAX).get("Injected") is None

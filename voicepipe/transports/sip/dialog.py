@@ -26,7 +26,14 @@ from voicepipe.pipeline import call_resources
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.serializers.native import NativeSerializer
 from voicepipe.transports.sip.dtmf import CONTENT_TYPES, BadDtmf, info_digit, media_type
-from voicepipe.transports.sip.message import Request, Response, parse_address, parse_params, response_to
+from voicepipe.transports.sip.message import (
+    Request,
+    Response,
+    parse_address,
+    parse_count,
+    parse_params,
+    response_to,
+)
 from voicepipe.transports.sip.transactions import LINGER_S, T1_S, ServerTransaction, new_branch
 from voicepipe.transports.webrtc.link import PeerLink
 from voicepipe.transports.webrtc.signalling import BadOffer, open_peer, serve_peer_call
@@ -46,9 +53,10 @@ def session_expires(request: Request) -> tuple[int, str] | None:
     if value is None:
         return None
     number, _, params = value.partition(";")
-    if not number.strip().isdigit():
+    interval = parse_count(number)
+    if interval is None:
         return None
-    return int(number.strip()), parse_params(params).get("refresher") or "uac"
+    return interval, parse_params(params).get("refresher") or "uac"
 
 
 def wants_session_timer(request: Request) -> bool:

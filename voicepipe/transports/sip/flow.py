@@ -30,6 +30,7 @@ from voicepipe.transports.sip.message import (
     SipError,
     parse,
     parse_address,
+    parse_count,
     parse_uri,
     response_to,
 )
@@ -221,8 +222,8 @@ class SipFlow:
         if not self._authorized(tx):
             return
         request = tx.request
-        header_expires = request.get("Expires")
-        default = int(header_expires) if header_expires and header_expires.isdigit() else DEFAULT_REGISTER_EXPIRES_S
+        default = parse_count(request.get("Expires"))
+        default = DEFAULT_REGISTER_EXPIRES_S if default is None else default
         longest = self.settings.sip.register_expires_s
         now = time.monotonic()
         for value in request.values("Contact"):
@@ -233,8 +234,8 @@ class SipFlow:
                     return
                 self.bindings.clear()
                 continue
-            expires = address.params.get("expires")
-            seconds = int(expires) if expires and expires.isdigit() else default
+            seconds = parse_count(address.params.get("expires"))
+            seconds = default if seconds is None else seconds
             if seconds == 0:
                 self.bindings.pop(address.uri, None)
             elif address.uri and (address.uri in self.bindings or len(self.bindings) < MAX_BINDINGS):

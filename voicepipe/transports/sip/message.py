@@ -128,7 +128,8 @@ class Response(Message):
     reason: str = ""
 
     def serialize(self) -> str:
-        return self._serialize(f"{SIP_VERSION} {self.status} {self.reason}")
+        reason = " ".join(self.reason.split())  # a reason phrase made from an error message stays on its line
+        return self._serialize(f"{SIP_VERSION} {self.status} {reason}")
 
 
 # -- parsing ------------------------------------------------------------------------------------------------
@@ -228,6 +229,13 @@ def _request_problem(request: Request) -> str | None:
     if max_forwards is not None and not _DIGITS.fullmatch(max_forwards):
         return f"Bad Max-Forwards {max_forwards[:20]!r}"
     return None
+
+
+def parse_count(value: str | None) -> int | None:
+    """A header's number (Expires, Session-Expires, CSeq): ASCII digits only, at most ten; None otherwise
+    (`str.isdigit` would take '²', which int() refuses)."""
+    value = (value or "").strip()
+    return int(value) if _DIGITS.fullmatch(value) else None
 
 
 def parse_cseq(value: str) -> tuple[int, str] | None:

@@ -50,7 +50,8 @@ class SipService:
     def start_fields(invite: SipRequest, agent: str) -> dict[str, Any]:
         """What the call's record keeps of the INVITE (its metadata)."""
         caller = parse_address(invite.get("From") or "")
-        return {"metadata": {"sip_to": agent[:64], "sip_from": caller.uri[:200], "sip_name": caller.display[:100]}}
+        return {"metadata": {"sip_to": agent[:64], "sip_from": caller.uri[:200],
+                             "sip_name": caller.display.strip('"')[:100]}}
 
     def track(self, task: asyncio.Task) -> None:
         self.tasks.add(task)
