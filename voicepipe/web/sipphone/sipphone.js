@@ -151,7 +151,9 @@
     } catch (err) {
       log(`no /sip/config: ${err}`);
     }
-    for (const name of config.agents || []) {
+    const agents = config.agents || [];
+    if (!localStorage.getItem("voicepipe.sip.agent") && agents.length) $("agent").value = agents[0];
+    for (const name of agents) {
       const option = document.createElement("option");
       option.value = name;
       $("agents").appendChild(option);
