@@ -105,7 +105,7 @@ def call(
                                           "endpoint URL.")] =
         "ws://127.0.0.1:8000",
     transport: Annotated[str, typer.Option(
-        help="twilio, telnyx, vonage, plivo, exotel, native, webrtc, or audiosocket (--url tcp://host:port).")] =
+        help="twilio, telnyx, vonage, plivo, exotel, native, webrtc, sip, or audiosocket (--url tcp://host:port).")] =
         "native",
     server_url: Annotated[str | None, typer.Option(
         help="The server's HTTP URL for the call record, when --url is not it (audiosocket).")] = None,
@@ -263,6 +263,32 @@ def bench_call(
     console.print(table)
     console.print(f"voice_to_voice_ratio ({report['policies'][-1]} / silence) by calls: "
                   f"{report['voice_to_voice_ratio_by_calls']}")
+
+
+@bench_app.command("sip")
+def bench_sip(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Calls over each signalling for voice-to-voice.")] = 3,
+    turns: Annotated[int, typer.Option(min=1, help="Turns per call.")] = 3,
+    setups: Annotated[int, typer.Option(min=1, help="Call setups measured over each signalling.")] = 20,
+    digest: Annotated[bool, typer.Option(help="SIP calls authenticate (digest): setup includes the 401.")] = False,
+) -> None:
+    """Call setup (INVITE to 200 OK) and voice-to-voice over SIP vs. the same calls over /webrtc/offer."""
+    from voicepipe.bench.sip import run_sip_bench
+
+    report = run_sip_bench(settings_with(), rounds, turns, setups, digest, progress=console.print)
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("signalling", "setup p50", "setup p95", "v2v p50", "v2v p95", title="SIP vs WebRTC (ms)")
+    for name in ("sip", "webrtc"):
+        s, v = report["setup_ms"][name], report["voice_to_voice_ms"][name]
+        table.add_row(name, str(s["p50"]), str(s["p95"]), str(v["p50"]), str(v["p95"]))
+    console.print(table)
+    response = report["response_ms"]
+    console.print(f"sip/webrtc: setup {report['setup_sip_over_webrtc']}, voice-to-voice "
+                  f"{report['voice_to_voice_sip_over_webrtc']} (paired by turn: "
+                  f"{report['voice_to_voice_paired_ratio']}), server response p50 {response['sip']['p50']} / "
+                  f"{response['webrtc']['p50']} ms; targets {report['targets']}")
 
 
 @bench_app.command("turns")

@@ -204,6 +204,27 @@ class CallSettings(Section):
     ice_servers: list[IceServer] = Field(default_factory=list)
 
 
+class SipAgent(Section):
+    """The call settings of one dialled SIP user part (`sip:support@...` -> `sip.agents.support`); a field left
+    unset keeps the `calls` default."""
+
+    system_prompt: str | None = None
+    greeting: str | None = None  # "": no greeting
+
+
+class SipSettings(Section):
+    """SIP over WebSocket (RFC 7118) at `/sip` for JsSIP, SIP.js and the web phones built on them; the media is
+    WebRTC (the same as /webrtc/offer, with `calls.ice_servers`). The SIP web phone is at `/sipphone`."""
+
+    enabled: bool = True
+    domain: str | None = None  # requests for another domain get 404; also the digest realm (else "voicepipe")
+    users: dict[str, SecretStr] = Field(default_factory=dict)  # user -> password; empty: no digest auth
+    agents: dict[str, SipAgent] = Field(default_factory=dict)  # dialled user part -> its call settings
+    max_calls: int | None = Field(None, ge=0)  # live SIP calls; an INVITE over it gets 486 Busy Here (None: no cap)
+    register_expires_s: int = Field(600, ge=60, le=86400)  # the longest registration granted
+    max_message_bytes: int = Field(65536, ge=4096, le=1 << 20)  # larger SIP messages get 513 Message Too Large
+
+
 class ObservabilitySettings(Section):
     """The call store, the Prometheus metrics and call recordings."""
 
@@ -234,6 +255,7 @@ class Settings(BaseSettings):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     calls: CallSettings = Field(default_factory=CallSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    sip: SipSettings = Field(default_factory=SipSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -19,8 +19,9 @@ from voicepipe.observability.hooks import Observers
 from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
+from voicepipe.transports.sip import create_sip_router, hang_up_sip_calls
 from voicepipe.transports.webrtc import create_webrtc_router, hang_up_webrtc_calls
-from voicepipe.web import mount_softphone
+from voicepipe.web import mount_sipphone, mount_softphone
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
             loading.add_done_callback(_log_load_failure)
         yield
         await hang_up_webrtc_calls(app)  # WebRTC calls are no connections uvicorn knows to close
+        await hang_up_sip_calls(app)  # nor are SIP calls' peers (their WebSockets are closed by now)
         if loading is not None and not loading.done():
             await asyncio.wait([loading])  # the thread cannot be interrupted; let it finish cleanly
         await asyncio.to_thread(runtime.close)
@@ -53,6 +55,9 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     app.include_router(create_calls_api_router())
     install_dashboard(app)
     app.include_router(create_webrtc_router(app))
+    app.include_router(create_sip_router(app))
+    if settings.sip.enabled:
+        mount_sipphone(app)
     mount_softphone(app)
     if settings.observability.metrics:
         _mount_metrics(app)

@@ -25,7 +25,7 @@ def test_every_parser_holds_its_properties(target: Target) -> None:
 def test_the_targets_cover_every_parser() -> None:
     groups = {t.name.split(".")[0] for t in TARGETS}
     assert groups == {"twilio", "telnyx", "plivo", "vonage", "exotel", "native", "audiosocket", "sdp", "replay",
-                      "settings"}
+                      "settings", "sip"}
     assert {t.name for t in TARGETS} >= {f"{p}.{kind}" for p in ("twilio", "telnyx", "plivo", "vonage", "exotel",
                                                                  "native") for kind in ("decode", "roundtrip")}
 

@@ -59,6 +59,10 @@ from voicepipe.transports.serializers.audiosocket import (
     encode_message,
 )
 from voicepipe.transports.serializers.base import DEFAULT_MAX_FRAME_BYTES, Serializer
+from voicepipe.transports.sip.digest import DigestServer, authorization
+from voicepipe.transports.sip.dtmf import BadDtmf, info_digit
+from voicepipe.transports.sip.message import Request, SipError, response_to
+from voicepipe.transports.sip.message import parse as parse_sip
 from voicepipe.transports.webrtc.signalling import MAX_OFFER_BYTES, BadOffer, parse_offer
 
 MEMORY_FACTOR = 64  # a parser may hold this many bytes per byte of its input (JSON objects cost ~20x their text)
@@ -427,13 +431,13 @@ a=setup:actpass
 _SDP_LINES = OFFER_SDP.split("\r\n")
 
 
-@st.composite
-def sdp_texts(draw: st.DrawFn) -> str:
-    """The browser-shaped offer with lines dropped, repeated, cut or rewritten, or any text."""
-    if draw(st.integers(0, 9)) == 0:
-        return draw(st.text(max_size=300))
-    lines = list(_SDP_LINES)
+def mutate_lines(draw: st.DrawFn, lines: list[str], inserts: list[str]) -> list[str]:
+    """`lines` with a few of them dropped, repeated, cut, a field rewritten, or a line that starts with one of
+    `inserts` put in."""
+    lines = list(lines)
     for _ in range(draw(st.integers(0, 6))):
+        if not lines:
+            break
         i = draw(st.integers(0, len(lines) - 1))
         action = draw(st.sampled_from(["drop", "repeat", "cut", "field", "insert"]))
         if action == "drop":
@@ -448,9 +452,16 @@ def sdp_texts(draw: st.DrawFn) -> str:
             words[j] = draw(st.one_of(st.text(max_size=12), TRICKY.map(str)))
             lines[i] = " ".join(words)
         else:
-            lines.insert(i, draw(st.sampled_from(["a=", "m=", "c=", "o=", "b="])) + draw(st.text(max_size=30)))
-        if not lines:
-            break
+            lines.insert(i, draw(st.sampled_from(inserts)) + draw(st.text(max_size=30)))
+    return lines
+
+
+@st.composite
+def sdp_texts(draw: st.DrawFn) -> str:
+    """The browser-shaped offer with lines dropped, repeated, cut or rewritten, or any text."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.text(max_size=300))
+    lines = mutate_lines(draw, _SDP_LINES, ["a=", "m=", "c=", "o=", "b="])
     return draw(st.sampled_from(["\r\n", "\n"])).join(lines)
 
 
@@ -510,6 +521,98 @@ def check_good_offer(body: dict[str, Any]) -> None:
     parsed, start = parse_offer(json.dumps(body).encode())
     assert parsed == body
     assert start == {k: v for k, v in body.items() if k not in ("sdp", "type")}, start
+
+
+# -- SIP over WebSocket, as /sip reads it ------------------------------------------------------------------------
+
+SIP_MAX_BYTES = 65536
+SIP_INVITE = "\r\n".join([
+    "INVITE sip:agent@voicepipe.test SIP/2.0",
+    "Via: SIP/2.0/WSS 4k0ahcrb5mt6.invalid;branch=z9hG4bK2961574",
+    "Max-Forwards: 69",
+    "To: <sip:agent@voicepipe.test>",
+    'From: "Alice" <sip:alice@voicepipe.test>;tag=jr5mo59m8b',
+    "Call-ID: gf9kgqks7qarrmi5kba7",
+    "CSeq: 7424 INVITE",
+    "Contact: <sip:u8bmkl9l@4k0ahcrb5mt6.invalid;transport=ws;ob>",
+    "Content-Type: application/sdp",
+    "Session-Expires: 90",
+    "Allow: INVITE,ACK,CANCEL,BYE,UPDATE,MESSAGE,OPTIONS,REFER,INFO,NOTIFY",
+    "Supported: timer,ice,replaces,outbound",
+    "User-Agent: JsSIP 3.13.8",
+    "Content-Length: 9",
+    "",
+    "v=0\r\no=-",
+])
+_SIP_LINES = SIP_INVITE.split("\r\n")
+SIP_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)  # what a WebSocket text frame holds
+
+
+@st.composite
+def sip_texts(draw: st.DrawFn) -> str:
+    """A JsSIP-shaped INVITE (or its start line turned into a response's) with lines dropped, repeated, cut or
+    rewritten, or any text."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(SIP_TEXT)
+    lines = list(_SIP_LINES)
+    if draw(st.booleans()):
+        lines[0] = draw(st.sampled_from(["SIP/2.0 200 OK", "SIP/2.0 100 Trying", "SIP/2.0 699 x", "SIP/2.0 1000"]))
+    lines = mutate_lines(draw, lines, ["Via: ", "CSeq: ", "To: ", "Content-Length: ", " ", "v: ", "l: ", "x: "])
+    text = draw(st.sampled_from(["\r\n", "\n"])).join(lines)
+    return text.replace("x", "x" * draw(st.sampled_from([1, 1, 1, 5000]))).replace("\ud800", "")
+
+
+def check_sip_message(text: str) -> None:
+    """A SIP message parses, or `SipError` says why; what is accepted writes back to the same message, and the
+    refusal of a request that can be answered is itself a message that parses."""
+    with memory_bound(len(text.encode())):
+        try:
+            message = parse_sip(text, SIP_MAX_BYTES)
+        except SipError as exc:
+            assert exc.status in (400, 513) and exc.reason
+            if exc.request is not None:
+                answer = parse_sip(response_to(exc.request, exc.status, exc.reason, to_tag="t").serialize(),
+                                   10 * SIP_MAX_BYTES)
+                assert answer.status == exc.status and answer.values("Via") == exc.request.values("Via")
+            return
+    again = parse_sip(message.serialize(), 10 * SIP_MAX_BYTES)
+    assert type(again) is type(message) and again.body == message.body
+    strip = lambda m: [(n, v) for n, v in m.headers if n.lower() != "content-length"]  # noqa: E731
+    assert strip(again) == strip(message)
+
+
+@st.composite
+def dtmf_infos(draw: st.DrawFn) -> tuple[str, str]:
+    content_type = draw(st.one_of(st.sampled_from(["application/dtmf-relay", "application/dtmf",
+                                                   "Application/DTMF-Relay; x=1"]), SIP_TEXT))
+    body = draw(st.one_of(st.builds("Signal={}\r\nDuration={}".format, st.one_of(TRICKY.map(str), SIP_TEXT),
+                                    NUMBER_TEXT), SIP_TEXT))
+    return content_type, body
+
+
+def check_dtmf_info(info: tuple[str, str]) -> None:
+    try:
+        assert info_digit(*info) in "0123456789*#ABCD"
+    except BadDtmf as exc:
+        assert str(exc)
+
+
+_DIGEST = DigestServer("voicepipe.test", {"alice": "wonderland"})
+
+
+@st.composite
+def digest_requests(draw: st.DrawFn) -> Request:
+    """A REGISTER with right credentials, then cut, rewritten or replaced by any text."""
+    credentials = authorization(_DIGEST.challenge(), "REGISTER", "sip:voicepipe.test", "alice", "wonderland")
+    parts = mutate_lines(draw, credentials.split(", "), ["nc=", "nonce=", 'uri="', "qop="])
+    value = draw(st.one_of(st.just(", ".join(parts)), SIP_TEXT))
+    headers = [("Via", "SIP/2.0/WS h.invalid;branch=z9hG4bK1"), ("Authorization", value)]
+    return Request(headers=headers, method="REGISTER", uri=draw(st.sampled_from(["sip:voicepipe.test", "sip:x"])))
+
+
+def check_digest(request: Request) -> None:
+    result = _DIGEST.check(request)
+    assert result.user in (None, "alice") and (result.user is not None or result.why)
 
 
 # -- TOML documents (the replay case format and the settings file) ------------------------------------------------
@@ -759,6 +862,10 @@ def all_targets() -> list[Target]:
         Target("sdp.oversize", st.integers(0, 2 * MAX_OFFER_BYTES), check_big_offer,
                "offers over the size bound are refused as too large"),
         Target("sdp.roundtrip", good_offers(), check_good_offer, "well-formed offers pass with their start fields"),
+        Target("sip.message", sip_texts(), check_sip_message,
+               "/sip messages: a request or response that writes back the same, or a SipError to answer with"),
+        Target("sip.dtmf", dtmf_infos(), check_dtmf_info, "INFO bodies: a DTMF key or BadDtmf"),
+        Target("sip.digest", digest_requests(), check_digest, "Authorization values: a user or a reason, no error"),
         Target("replay.case", case_documents(), check_case, "case.toml: a case or a CaseError"),
         Target("replay.roundtrip", good_cases(), check_good_case, "a valid case.toml loads to what it says"),
         Target("settings.load", settings_inputs(), check_settings, "file, --set, env: settings or SettingsError"),

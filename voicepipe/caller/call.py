@@ -114,6 +114,7 @@ async def _call(url: str, transport: str, turns: TurnTaking, *, params: dict[str
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         result.agent_audio = line.playout.recording()
+    result.setup_ms = getattr(link, "setup_ms", None)
     if result.close_code is None:
         result.close_code = link.close_code
         result.close_reason = link.close_reason

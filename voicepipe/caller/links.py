@@ -1,6 +1,7 @@
 """The connection a call travels on, chosen by the caller serializer's `link`: a WebSocket (the providers and the
-native protocol), a TCP stream (AudioSocket) or a WebRTC peer (caller/webrtc.py). Each is an async context
-manager giving what the line uses: `send(frame)`, `async for frame in it`, `close_code` and `close_reason`."""
+native protocol), a TCP stream (AudioSocket), a WebRTC peer (caller/webrtc.py) or one signalled by SIP
+(caller/sip.py). Each is an async context manager giving what the line uses: `send(frame)`, `async for frame in
+it`, `close_code` and `close_reason`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def open_link(wire: CallerSerializer, url: str) -> Any:
         from voicepipe.caller.webrtc import PeerClient  # aiortc loads for WebRTC calls only
 
         return PeerClient(url, wire.call_id, wire.params, wire.token)
+    if wire.link == "sip":
+        from voicepipe.caller.sip import SipPeerClient
+
+        return SipPeerClient(url, wire.call_id, wire.params, wire.token)
     from websockets.asyncio.client import connect
 
     return connect(url, additional_headers=wire.headers(), max_size=8 << 20, open_timeout=30)

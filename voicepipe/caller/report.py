@@ -49,6 +49,7 @@ class CallResult:
     close_reason: str | None = None
     record: dict | None = None  # the server's call record (GET /calls/{id})
     started: float = 0.0
+    setup_ms: float | None = None  # WebRTC and SIP: the offer sent to the answer back (SIP: INVITE to 200 OK)
     send_lag_ms: list[float] = field(default_factory=list)  # per 20 ms frame: actual send time - real-time schedule
 
     def note_audio(self, now: float, seconds: float, turn: ClientTurn | None) -> None:

@@ -6,7 +6,12 @@ from typing import Any
 from voicepipe.transports.serializers.audiosocket import AudioSocketCallerSerializer, AudioSocketSerializer
 from voicepipe.transports.serializers.base import CallerSerializer, ChunkPolicy, DecodeResult, Serializer
 from voicepipe.transports.serializers.exotel import ExotelCallerSerializer, ExotelSerializer
-from voicepipe.transports.serializers.native import NativeCallerSerializer, NativeSerializer, WebRtcCallerSerializer
+from voicepipe.transports.serializers.native import (
+    NativeCallerSerializer,
+    NativeSerializer,
+    SipCallerSerializer,
+    WebRtcCallerSerializer,
+)
 from voicepipe.transports.serializers.plivo import PlivoCallerSerializer, PlivoSerializer
 from voicepipe.transports.serializers.telnyx import TelnyxCallerSerializer, TelnyxSerializer
 from voicepipe.transports.serializers.twilio import TwilioCallerSerializer, TwilioSerializer
@@ -22,7 +27,8 @@ SERIALIZERS: dict[str, type[Serializer]] = {
     "audiosocket": AudioSocketSerializer,
 }
 
-# A WebRTC call's server end is the native serializer (over webrtc/link.py); its caller's end is its own.
+# A WebRTC call's server end is the native serializer (over webrtc/link.py, signalled by /webrtc/offer or by SIP
+# at /sip); its caller's end is its own.
 CALLER_SERIALIZERS: dict[str, type[CallerSerializer]] = {
     "twilio": TwilioCallerSerializer,
     "telnyx": TelnyxCallerSerializer,
@@ -32,6 +38,7 @@ CALLER_SERIALIZERS: dict[str, type[CallerSerializer]] = {
     "native": NativeCallerSerializer,
     "audiosocket": AudioSocketCallerSerializer,
     "webrtc": WebRtcCallerSerializer,
+    "sip": SipCallerSerializer,
 }
 
 
@@ -72,6 +79,7 @@ __all__ = [
     "PlivoCallerSerializer",
     "PlivoSerializer",
     "Serializer",
+    "SipCallerSerializer",
     "TelnyxCallerSerializer",
     "TelnyxSerializer",
     "TwilioCallerSerializer",

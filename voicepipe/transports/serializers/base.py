@@ -197,7 +197,7 @@ class CallerSerializer(ABC):
 
     rate: int = 8000  # caller audio, both ways
     codec: str = "pcmu"
-    link: str = "websocket"  # what the call travels on: "websocket", "tcp" or "webrtc"
+    link: str = "websocket"  # what the call travels on: "websocket", "tcp", "webrtc" or "sip"
     path: str | None = None  # the server's endpoint for this transport
 
     def __init__(self, call_id: str | None = None, params: dict[str, Any] | None = None,

@@ -187,6 +187,14 @@ class WebRtcCallerSerializer(NativeCallerSerializer):
         return [("audio", frame)]
 
 
+class SipCallerSerializer(WebRtcCallerSerializer):
+    """A SIP phone over WebSocket (caller/sip.py): the WebRTC peer's frames, signalled by SIP at `/sip`; the
+    native `stop` it sends is the link's cue to hang up with a BYE. There is no data channel, so no events."""
+
+    link = "sip"
+    path = "/sip"
+
+
 # -- the messages both ends build and read (webrtc/link.py builds them too) ---------------------------------
 
 
@@ -197,6 +205,11 @@ def start_message(sample_rate: int, fields: dict[str, Any]) -> str:
 
 def stop_message(reason: str) -> str:
     return dumps({"type": "stop", "reason": reason})
+
+
+def dtmf_message(digit: str) -> str:
+    """A key press (one of 0-9, *, #, A-D)."""
+    return dumps({"type": "dtmf", "digit": digit})
 
 
 def mark_message(name: str) -> str:

@@ -7,7 +7,8 @@ every WebSocket transport uses:
 - `receive()` yields, as WebSocket messages: a native `start` (48 kHz PCM16, marks on) once the peer
   connection is up, the caller's audio (every received audio track is drained; the first one is the
   caller, downmixed to mono), the marks the agent track echoes as it plays, a `stop` when the page hangs
-  up over the data channel, and a disconnect when the connection closes or fails, or when the caller's
+  up over the data channel (or `hang_up` is called: a SIP BYE), a `dtmf` for a key pressed outside the media
+  (`key_pressed`: SIP INFO), and a disconnect when the connection closes or fails, or when the caller's
   audio stops arriving for `MEDIA_TIMEOUT_S` (the peer vanished).
 - `send_bytes()` queues agent audio on the paced outbound track; `send_text()` applies the native
   `mark` and `clear` messages to that track and forwards everything else (transcripts, agent text, turn
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 
-from voicepipe.transports.serializers.native import mark_message, start_message, stop_message
+from voicepipe.transports.serializers.native import dtmf_message, mark_message, start_message, stop_message
 from voicepipe.transports.webrtc.media import RATE, PacedTrack, drain
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,11 @@ class PeerLink:
             self._inbox.put_nowait({"type": "websocket.receive", "text": stop_message(reason)})
         else:
             self._end(reason)
+
+    def key_pressed(self, digit: str) -> None:
+        """A keypad digit the caller sent outside the media (SIP INFO): the call gets it as a native `dtmf`."""
+        if self._started and not self._ended:
+            self._inbox.put_nowait({"type": "websocket.receive", "text": dtmf_message(digit)})
 
     def _played(self, mark: str) -> None:
         if not self._ended:

@@ -129,25 +129,34 @@ def peer_connection(settings) -> RTCPeerConnection:
     return RTCPeerConnection(RTCConfiguration(iceServers=servers))
 
 
-async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
-    """Apply the offer, start the call in the background, and return the answer."""
-    pc = peer_connection(app.state.settings)
-    label = f"webrtc {start['call_id']}"
-    link = PeerLink(pc, start, label)
+async def open_peer(settings, sdp: str, start: dict[str, Any], label: str) -> PeerLink:
+    """A peer connection that has answered the offer `sdp`, as the link its call will run on (the SIP endpoint
+    opens its calls' peers here too). Raises `BadOffer` when aiortc cannot apply the offer."""
+    link = PeerLink(peer_connection(settings), start, label)
     try:
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        await pc.setLocalDescription(await pc.createAnswer())
+        await link.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        await link.pc.setLocalDescription(await link.pc.createAnswer())
     except Exception as exc:  # SDP aiortc cannot apply: no usable codec, missing ICE credentials, ...
         await link.close()
+        raise BadOffer(f"cannot apply the SDP offer: {exc}"[:200]) from None
+    return link
+
+
+async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
+    """Apply the offer, start the call in the background, and return the answer."""
+    label = f"webrtc {start['call_id']}"
+    try:
+        link = await open_peer(app.state.settings, sdp, start, label)
+    except BadOffer as exc:
         log.warning("webrtc: %s: offer rejected: %s", label, exc)
-        raise HTTPException(400, f"cannot apply the SDP offer: {exc}"[:200]) from None
+        raise HTTPException(400, str(exc)) from None
     conn = Connection(link, "webrtc", NativeSerializer(), app.state.settings, resources, app.state.calls,
                       app.state.observers)
-    task = asyncio.create_task(_serve(conn, link), name=f"webrtc-{start['call_id']}")
+    task = asyncio.create_task(serve_peer_call(conn, link), name=f"webrtc-{start['call_id']}")
     calls: dict = app.state.webrtc_calls
     calls[task] = link
     task.add_done_callback(lambda t: calls.pop(t, None))
-    local = pc.localDescription
+    local = link.pc.localDescription
     return {"sdp": local.sdp, "type": local.type, "call_id": start["call_id"]}
 
 
@@ -166,7 +175,8 @@ async def hang_up_webrtc_calls(app, reason: str = "shutdown", timeout_s: float =
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _serve(conn: Connection, link: PeerLink) -> None:
+async def serve_peer_call(conn: Connection, link: PeerLink) -> None:
+    """Run the call on `link` until it ends, then release the call and the peer connection."""
     try:
         await conn.run()
     except Exception:  # a bug in one call must not take the process (or other calls) down
