@@ -84,17 +84,14 @@ def serve(
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
 ) -> None:
     """Start the service (models load in the background; /ready turns true when done)."""
-    import uvicorn
-
-    from voicepipe.server import create_app
+    from voicepipe.server import create_app, run_server
 
     settings = settings_with(server__host=host, server__port=port, device__device=device)
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app_ = create_app(settings)
     app_.state.runtime.model_paths()  # fail fast, with one clear line, when a model is missing
-    uvicorn.run(app_, host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level)
+    run_server(app_, settings)
 
 
 @app.command()

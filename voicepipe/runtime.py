@@ -66,11 +66,16 @@ class Runtime:
         self.tts = self.synthesizer.voice
         self.silero = SileroVAD(self.vad)
         self.transcriber = Transcriber(self.stt, self.settings.stt)
-        self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
-                                               llm_dtype_name(self.settings.device))
-        from voicepipe.llm.engine import LLMEngine
+        if self.settings.llm.backend == "openai":
+            from voicepipe.llm.remote import RemoteEngine
 
-        engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
+            engine = self._timed("llm", RemoteEngine, self.settings.llm)
+        else:
+            self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
+                                                   llm_dtype_name(self.settings.device))
+            from voicepipe.llm.engine import LLMEngine
+
+            engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
         for listener in self.request_listeners:
             engine.add_request_listener(listener)
         engine.start()
@@ -87,7 +92,9 @@ class Runtime:
     def model_paths(self) -> dict[str, Path]:
         """Resolve every configured model to files; cheap, so `serve` checks it before starting."""
         models, models_dir = self.settings.models, self.settings.paths.models_dir
-        paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in ("vad", "stt", "tts", "llm")}
+        llm = self.settings.llm
+        kinds = ("vad", "stt", "tts") if llm.backend == "openai" else ("vad", "stt", "tts", "llm")
+        paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in kinds}
         turn = self._turn_model_path()
         if turn is not None:
             paths["turn"] = turn

@@ -60,6 +60,9 @@ def _engine(request: Request):
     engine = getattr(runtime, "engine", None)
     if engine is None:
         raise APIError(503, "the model is still loading.", "server_error", code="model_loading", retry_after=5)
+    if getattr(engine, "backend", "local") != "local":  # llm.backend = "openai": this process runs no LLM
+        raise APIError(501, "this voicepipe's LLM is remote (llm.backend); send OpenAI requests to that server "
+                       "(llm.base_url).", "invalid_request_error", code="remote_backend")
     return engine
 
 
