@@ -26,37 +26,13 @@ from tests.e2e.test_call_transports import speak
 from tests.net_helpers import in_process_server, server_process, wait_for_process
 from tests.postgres_helpers import postgres_server
 from tests.unit.test_transport_webrtc import AUDIO_SDP
+from voicepipe.bench.remote import AGENT_PROMPT
 from voicepipe.caller import run_call
 
 pytestmark = pytest.mark.e2e
 
 MAX_REPLY_TOKENS = 40
-# An agent's system prompt of realistic length (about 500 tokens): the part of every turn's prompt that the
-# backend's prefix cache must serve, with the history after it.
-SYSTEM_PROMPT = " ".join([
-    "You are Maya, the phone assistant of Bella Vista, an Italian restaurant at 12 Harbour Street.",
-    "You answer callers in one short, friendly sentence that is easy to say out loud, with no lists and no emoji.",
-    "The restaurant is open from Tuesday to Sunday, from noon to three in the afternoon for lunch and from six to",
-    "eleven in the evening for dinner; it is closed on Mondays and on public holidays.",
-    "Tables seat two, four, six or eight people; larger groups book the private room upstairs, which seats twenty",
-    "and needs a deposit of one hundred dollars, paid by card over the phone or at the restaurant.",
-    "To book a table you need the caller's name, the number of guests, the date, the time and a phone number;",
-    "repeat them back before you confirm, and never confirm a time outside the opening hours.",
-    "The menu changes with the seasons: there are always three pastas made in house, a risotto, two fish dishes,",
-    "a steak, a vegetarian main and four desserts, and the chef can make most dishes without gluten or dairy.",
-    "Children are welcome, there are high chairs, and the children's menu costs twelve dollars.",
-    "Dogs are welcome on the terrace but not inside. Parking is free after six in the evening in the lot behind",
-    "the restaurant; during lunch the street parking is limited to two hours.",
-    "If a caller asks about allergies, say that the kitchen handles nuts and shellfish and that the staff will",
-    "tell them which dishes are safe; never promise that a dish is free of an allergen.",
-    "If a caller wants to cancel, ask for the name and the time of the booking and confirm the cancellation;",
-    "cancellations less than two hours before the booking lose the deposit for the private room.",
-    "If a caller asks for something you cannot do, such as a refund, a complaint or a job application, offer to",
-    "have the manager, Luca, call them back the same day, and take their name and number.",
-    "Gift cards are sold at the restaurant and online, in amounts from twenty-five to five hundred dollars.",
-    "Never make up prices, dishes or opening hours that are not written here; if you do not know, say so.",
-    "Speak naturally, as on a real phone call, and keep every answer short unless the caller asks for details.",
-])
+SYSTEM_PROMPT = AGENT_PROMPT  # an agent's system prompt of realistic length (about 500 tokens)
 
 
 def backend_requests(base: str, reason: str) -> float:
