@@ -174,6 +174,10 @@ class LLMSettings(Section):
     connect_timeout_s: float = Field(2.0, gt=0.0, le=60.0)
     read_timeout_s: float = Field(15.0, gt=0.0, le=600.0)  # the longest wait for the next piece of a reply
     retries: int = Field(2, ge=0, le=10)  # tries again before the first token (connect errors, 429, 5xx)
+    # backend "openai": the remote model's tokenizer here (a default model name, a directory or a hub id), so that the
+    # end-of-turn policy's end probe can render the chat and ask /v1/completions for the next token's logprobs; None:
+    # no text evidence from a remote engine (the text policy then runs on the silence)
+    tokenizer: str | None = None
 
     @model_validator(mode="after")
     def _remote_needs_url(self) -> LLMSettings:

@@ -67,9 +67,7 @@ class Runtime:
         self.silero = SileroVAD(self.vad)
         self.transcriber = Transcriber(self.stt, self.settings.stt)
         if self.settings.llm.backend == "openai":
-            from voicepipe.llm.remote import RemoteEngine
-
-            engine = self._timed("llm", RemoteEngine, self.settings.llm)
+            engine = self._timed("llm", self._remote_engine, paths.get("tokenizer"))
         else:
             self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
                                                    llm_dtype_name(self.settings.device))
@@ -80,6 +78,20 @@ class Runtime:
             engine.add_request_listener(listener)
         engine.start()
         self.engine = engine
+
+    def _remote_engine(self, tokenizer_path: Path | None):
+        """`llm.backend = "openai"`: a client of the server at llm.base_url, no LLM here; with llm.tokenizer, its end
+        probe renders the chat with that tokenizer's template."""
+        from voicepipe.llm.remote import RemoteEngine
+        from voicepipe.llm.remote.probe import EndProbe
+
+        prober = None
+        if tokenizer_path is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+            prober = EndProbe(self.tokenizer)
+        return RemoteEngine(self.settings.llm, prober)
 
     def close(self) -> None:
         """Stop the model threads (the LLM engine); pending generations end with an error."""
@@ -95,6 +107,8 @@ class Runtime:
         llm = self.settings.llm
         kinds = ("vad", "stt", "tts") if llm.backend == "openai" else ("vad", "stt", "tts", "llm")
         paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in kinds}
+        if llm.backend == "openai" and llm.tokenizer:  # the remote model's tokenizer, for the end probe
+            paths["tokenizer"] = resolve_model(llm.tokenizer, "llm", models_dir)
         turn = self._turn_model_path()
         if turn is not None:
             paths["turn"] = turn

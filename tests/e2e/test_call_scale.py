@@ -55,7 +55,8 @@ def setup(tmp_path_factory):
             ("observability.replica", "replica-b"), ("paths.data_dir", tmp / "b"), ("calls.greeting", GREETING),
             ("calls.max_reply_tokens", 16), ("server.drain_timeout_s", 120))]
         with server_process(*b_args, wait=False) as (b_base, b_proc):
-            settings = call_settings(tmp / "a", llm=remote, observability={**store, "replica": "replica-a"},
+            settings = call_settings(tmp / "a", llm={**remote, "tokenizer": "smollm2-135m-instruct"},
+                                     observability={**store, "replica": "replica-a"},
                                      calls={"max_reply_tokens": MAX_REPLY_TOKENS, "max_concurrent": 2,
                                             "audiosocket_port": 0})
             with in_process_server(settings) as (a_base, a_app):
@@ -86,10 +87,48 @@ def test_a_call_on_a_remote_engine_reuses_the_servers_prefix_cache(setup, voice_
         print(f"turn {t['turn']}: {t['cached_prompt_tokens']} of {t['prompt_tokens']} prompt tokens cached "
               f"({fraction:.3f})")
         assert fraction >= 0.9, t
+    # the remote end probe (llm.tokenizer) gives the text policy its evidence, as the local engine would
+    decisions = [t["decision"] for t in turns]
+    assert all(d["policy"] == "text" for d in decisions), decisions
+    assert any(d["text_prob"] is not None for d in decisions), decisions
     history = result.record["history"]
     assert history[0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert [m["content"] for m in history if m["role"] == "user"] == [t["user_text"] for t in turns]
     assert not a_app.state.calls.active
+
+
+def test_the_remote_end_probe_gives_what_the_local_engine_gives(setup, engine_model, settings) -> None:
+    """P(the caller's words end here) from the backend's /v1/completions logprobs, against the in-process engine's
+    own end probe on the same model and conversation."""
+    from voicepipe.llm.engine import LLMEngine
+    from voicepipe.llm.remote import RemoteEngine
+    from voicepipe.llm.remote.probe import EndProbe
+
+    backend = setup[0]
+    model, tokenizer = engine_model
+    local = LLMEngine(model, tokenizer, settings.llm.model_copy(update={"kv_cache_mib": 32}))
+    local.start()
+    remote = RemoteEngine(settings.llm.model_copy(update={"backend": "openai", "base_url": f"{backend}/v1"}),
+                          EndProbe(tokenizer))
+    remote.start()
+
+    async def probe(engine, words: str) -> float | None:
+        session = engine.open_session(SYSTEM_PROMPT)
+        generation = engine.generate(session, [{"role": "assistant", "content": GREETING},
+                                               {"role": "user", "content": words}], max_tokens=1, end_probe=True)
+        async for _ in generation:
+            pass
+        value = await generation.end_prob
+        engine.close_session(session)
+        return value
+
+    try:
+        for words in ("I want to book a table for dinner.", "I want to book a table for", "Is the terrace"):
+            here, there = asyncio.run(probe(local, words)), asyncio.run(probe(remote, words))
+            print(f"{words!r}: local {here:.5f}, remote {there:.5f}")
+            assert there == pytest.approx(here, abs=0.01)  # the same distribution; alternatives past 20 left out
+    finally:
+        local.stop()
 
 
 def test_barge_in_closes_the_remote_stream_and_keeps_what_was_heard(setup, voice_dir: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -44,6 +45,14 @@ def scripted_app(script: Script) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": "scripted-model", "object": "model"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):  # the end probe's request
+        body = await request.json()
+        script.requests.append((dict(request.headers), body))
+        top = {".": math.log(0.5), "?": math.log(0.2), "<|im_end|>": math.log(0.05), " and": math.log(0.2)}
+        return {"choices": [{"text": ".", "logprobs": {"tokens": ["."], "token_logprobs": [top["."]],
+                                                       "top_logprobs": [top], "text_offset": [0]}}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -230,3 +239,34 @@ def test_leaving_the_stream_early_cancels_the_request_and_frees_the_session(serv
     session = asyncio.run(run())
     assert not session.busy and engine.counters["cancelled"] == 1
     assert engine.history(session)[-1] == {"role": "assistant", "content": ""}
+
+
+def test_the_end_probe_asks_for_the_next_tokens_logprobs_after_the_callers_words(server, settings) -> None:
+    """With the remote model's tokenizer (llm.tokenizer) a turn's end probe is a /completions request for one token's
+    logprobs, on the chat rendered up to the caller's words; P(end) sums the end tokens among them."""
+    from transformers import AutoTokenizer
+
+    from voicepipe.llm.remote.probe import EndProbe
+    from voicepipe.models import resolve_model
+
+    base, script = server
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(settings.models.llm, "llm", settings.paths.models_dir))
+    settings = load_settings(overrides={"llm": {"backend": "openai", "base_url": base}})
+    engine = RemoteEngine(settings.llm, EndProbe(tokenizer))
+    engine.start()
+    assert engine.scores_words
+
+    async def run():
+        session = engine.open_session("Be brief.")
+        gen = engine.generate(session, [{"role": "user", "content": "Book a table, please."}], end_probe=True)
+        async for _ in gen:
+            pass
+        return await gen.end_prob, gen.stats.end_prob
+
+    script.requests.clear()
+    value, recorded = asyncio.run(run())
+    assert value == recorded == pytest.approx(0.75)  # . ? and <|im_end|>; " and" is no end
+    probe = next(body for _, body in script.requests if "prompt" in body)
+    assert probe["prompt"].endswith("<|im_start|>user\nBook a table, please")  # the words, less their full stop
+    assert probe["prompt"].startswith("<|im_start|>system\nBe brief.")
+    assert (probe["max_tokens"], probe["logprobs"], probe["temperature"]) == (1, 20, 0.0)

@@ -9,9 +9,10 @@ prefilled; the server's ``cached_tokens`` (``stream_options.include_usage``) lan
 of the last reply, as the call counts them from the `Piece`s it was given.
 
 What the in-process engine does that a remote one cannot: `prefill_user_words` is a no-op (an OpenAI server has
-no prefill-only request), `Generation.pause` is a no-op (the server's cores are not the TTS's), and the end probe
-needs the logits of specific tokens after the caller's words, which the chat API does not give: `scores_words` is
-False, and the call's end-of-turn policy goes without the text evidence (`text` runs as `silence`).
+no prefill-only request), and `Generation.pause` is a no-op (the server's cores are not the TTS's). The end probe
+needs the logits of specific tokens after the caller's words, which the chat API does not give: with
+`llm.tokenizer` it is a second request (`probe.py`); without it `scores_words` is False and the call's end-of-turn
+policy goes without the text evidence (`text` runs as `silence`).
 
 Everything runs on the event loop of the call that asks (one httpx client per loop: AudioSocket calls have their
 own loop); request listeners are called there too.
@@ -35,6 +36,7 @@ from voicepipe.config import LLMSettings
 from voicepipe.llm.chat import validate_messages
 from voicepipe.llm.errors import EngineStoppedError, InvalidRequestError, SessionBusyError, SessionClosedError
 from voicepipe.llm.remote.generation import RemoteGeneration
+from voicepipe.llm.remote.probe import EndProbe
 from voicepipe.llm.remote.stream import RemoteBackendError, stream_chat, timeouts
 from voicepipe.llm.request import RequestStats, tier_rank
 
@@ -78,19 +80,24 @@ class RemoteRequest:
 class RemoteEngine:
     backend = "openai"
 
-    scores_words = False  # generate(end_probe=True) resolves end_prob to None (see the module doc)
-
-    def __init__(self, settings: LLMSettings) -> None:
+    def __init__(self, settings: LLMSettings, prober: EndProbe | None = None) -> None:
         self.settings = settings
         self.url = settings.base_url.rstrip("/")
         self.model = settings.model
+        self.prober = prober  # None: generate(end_probe=True) resolves end_prob to None
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = \
             weakref.WeakKeyDictionary()
         self._sessions: dict[int, RemoteSession] = {}
+        self._probes: set[asyncio.Task] = set()
         self._running = False
         self._request_listeners: list[Callable[[RemoteRequest], None]] = []
         self.counters = {"requests": 0, "finished": 0, "cancelled": 0, "errors": 0, "overloaded": 0, "retries": 0,
                          "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}
+
+    @property
+    def scores_words(self) -> bool:
+        """Whether `generate(end_probe=True)` gives the text evidence of the end-of-turn policy."""
+        return self.prober is not None
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -195,7 +202,13 @@ class RemoteEngine:
         queue: asyncio.Queue = asyncio.Queue()
         body = self._body(session, sampling)
         session.task = loop.create_task(self._run(request, body, queue), name=f"llm-remote-{session.id}")
-        request.end_prob_future.set_result(None)  # no end probe (end_probe is accepted and answered with None)
+        prompt = self.prober.prompt(session.messages) if end_probe and self.prober is not None else None
+        if prompt is None:  # not asked, no tokenizer for it, or no words to score
+            request.end_prob_future.set_result(None)
+        else:
+            probe = loop.create_task(self._probe(request, prompt), name=f"llm-remote-probe-{session.id}")
+            self._probes.add(probe)  # asyncio keeps only a weak reference to a task
+            probe.add_done_callback(self._probes.discard)
         return RemoteGeneration(request, queue, session.task)
 
     def _body(self, session: RemoteSession, sampling: dict[str, Any]) -> dict[str, Any]:
@@ -251,6 +264,17 @@ class RemoteEngine:
             self._finish(request, "error")
             queue.put_nowait(("error", RemoteBackendError(f"the remote LLM request failed: {exc}"),
                               time.monotonic()))
+
+    async def _probe(self, request: RemoteRequest, prompt: str) -> None:
+        future = request.end_prob_future
+        try:
+            value = await self.prober.ask(self._client(), self.url, await self._model_id(), prompt,
+                                          self._headers(request.session), request.session.key)
+        except RemoteBackendError:  # no model id: the reply itself reports it
+            value = None
+        request.stats.end_prob = value
+        if not future.done():
+            future.set_result(value)
 
     def _finish(self, request: RemoteRequest, reason: str) -> None:
         session, stats = request.session, request.stats
