@@ -270,3 +270,21 @@ def test_the_end_probe_asks_for_the_next_tokens_logprobs_after_the_callers_words
     assert probe["prompt"].endswith("<|im_start|>user\nBook a table, please")  # the words, less their full stop
     assert probe["prompt"].startswith("<|im_start|>system\nBe brief.")
     assert (probe["max_tokens"], probe["logprobs"], probe["temperature"]) == (1, 20, 0.0)
+
+
+def test_a_request_cancelled_before_it_ran_frees_the_session_and_wakes_its_reader(server) -> None:
+    base, _ = server
+    engine = engine_for(base)
+
+    async def run():
+        session = engine.open_session()
+        gen = engine.generate(session, [{"role": "user", "content": "Hi"}])
+        gen.cancel()  # before the event loop ever ran the request
+        pieces = [piece async for piece in gen]  # ends at once, no hang
+        await asyncio.sleep(0)
+        engine.rollback_reply(session, 0)  # the session is idle again and has its (empty) reply
+        return session, pieces, gen
+
+    session, pieces, gen = asyncio.run(asyncio.wait_for(run(), 5))
+    assert pieces == [] and gen.finish_reason == "cancelled" and not session.busy
+    assert engine.counters["cancelled"] == 1

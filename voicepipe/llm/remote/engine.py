@@ -75,6 +75,7 @@ class RemoteRequest:
     stats: RequestStats
     finish_reason: str | None = None
     end_prob_future: Any = None
+    done: bool = False  # _finish ran (once)
 
 
 class RemoteEngine:
@@ -193,7 +194,7 @@ class RemoteEngine:
         loop = asyncio.get_running_loop()
         session.marks.append(len(session.messages))
         session.messages.extend(new)
-        session.reply = None
+        session.reply = []  # the deltas as they arrive
         session.busy = True
         session.requests += 1
         self.counters["requests"] += 1
@@ -202,6 +203,7 @@ class RemoteEngine:
         queue: asyncio.Queue = asyncio.Queue()
         body = self._body(session, sampling)
         session.task = loop.create_task(self._run(request, body, queue), name=f"llm-remote-{session.id}")
+        session.task.add_done_callback(lambda task: self._cancelled(request, queue))
         prompt = self.prober.prompt(session.messages) if end_probe and self.prober is not None else None
         if prompt is None:  # not asked, no tokenizer for it, or no words to score
             request.end_prob_future.set_result(None)
@@ -224,7 +226,6 @@ class RemoteEngine:
 
     async def _run(self, request: RemoteRequest, body: dict[str, Any], queue: asyncio.Queue) -> None:
         session, stats = request.session, request.stats
-        session.reply = []
         deltas = 0
 
         def accepted() -> None:
@@ -252,9 +253,8 @@ class RemoteEngine:
             stats.output_tokens = max(stats.output_tokens, deltas)
             self._finish(request, request.finish_reason or "stop")
             queue.put_nowait(("done", None, time.monotonic()))
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # `_cancelled` ends the request
             stats.output_tokens = max(stats.output_tokens, deltas)
-            self._finish(request, "cancelled")
             raise
         except RemoteBackendError as exc:
             self._finish(request, "error")
@@ -276,8 +276,16 @@ class RemoteEngine:
         if not future.done():
             future.set_result(value)
 
+    def _cancelled(self, request: RemoteRequest, queue: asyncio.Queue) -> None:
+        """The request's task is over: if it was cancelled (even before it started), end the request and wake a
+        reader of its queue."""
+        if not request.done:
+            self._finish(request, "cancelled")
+            queue.put_nowait(("done", None, time.monotonic()))
+
     def _finish(self, request: RemoteRequest, reason: str) -> None:
         session, stats = request.session, request.stats
+        request.done = True
         request.finish_reason = reason
         stats.finished = time.monotonic()
         session.busy = False
