@@ -275,11 +275,11 @@ def _bench_remote(json_file: Path | None, calls: list[int], turns: int) -> None:
     if json_file is not None:
         json_file.write_text(json.dumps(report, indent=2))
     table = Table("calls", "LLM", "v2v p50", "v2v p95", "TTFT p50", "cached from turn 2 (min / p50)",
-                  title=f"voice calls, turn policy {report['policy']} (ms)")
+                  title=f"voice calls, turn policy {report['policy']}, {report['rounds']} alternating rounds (ms)")
     for label in ("local", "remote"):
         for run in report[label]:
             v, t, c = run["voice_to_voice_ms"], run["ttft_ms"], run["cached_fraction_from_turn2"] or {}
-            table.add_row(str(run["calls"]), label, str(v["p50"]), str(v["p95"]), str(t["p50"]),
+            table.add_row(str(run["concurrency"]), label, str(v["p50"]), str(v["p95"]), str(t["p50"]),
                           f"{c.get('min')} / {c.get('p50')}")
     console.print(table)
     console.print(f"remote_over_local_v2v: {report['remote_over_local_v2v']} "

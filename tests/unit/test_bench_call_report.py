@@ -73,7 +73,7 @@ def test_the_policy_ratio_divides_the_default_policys_voice_to_voice_by_silences
 def test_the_cached_fraction_counts_from_turn_2_and_remote_runs_compare_with_local_ones() -> None:
     run = summarize_run([call("CA1", {}, turns=5)], 5, 60.0)
     assert run["cached_fraction_from_turn2"] == {"min": 0.9, "p50": 0.942}  # 180/200 .. 480/500, turn 1 left out
-    local = {"calls": 1, "voice_to_voice_ms": {"p50": 1000.0}, "cached_fraction_from_turn2": {"min": 0.95}}
-    remote = {"calls": 1, "voice_to_voice_ms": {"p50": 1150.0}, "cached_fraction_from_turn2": {"min": 0.91}}
+    local = {"concurrency": 1, "voice_to_voice_ms": {"p50": 1000.0}, "cached_fraction_from_turn2": {"min": 0.95}}
+    remote = {"concurrency": 1, "voice_to_voice_ms": {"p50": 1150.0}, "cached_fraction_from_turn2": {"min": 0.91}}
     ratios = remote_ratios([local], [remote])
     assert ratios["remote_over_local_v2v"] == 1.15 and ratios["remote_cached_fraction"] == {"min": 0.91}

@@ -72,15 +72,21 @@ def make_utterances(turns: int, directory: Path) -> list[Utterance]:
 
 
 async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None,
-                    policy: str | None = None, system_prompt: str | None = None) -> dict[str, Any]:
+                    policy: str | None = None) -> dict[str, Any]:
+    started = time.monotonic()
+    results = await run_calls(base, n_calls, utterances, token, policy)
+    return {"policy": policy, **summarize_run(results, len(utterances), time.monotonic() - started)}
+
+
+async def run_calls(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None,
+                    policy: str | None = None, system_prompt: str | None = None) -> list[CallResult]:
+    """``n_calls`` Twilio calls at once to the server at ``base``, each saying ``utterances`` in turn."""
     url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws/twilio"
     params = {k: v for k, v in (("turn_policy", policy), ("system_prompt", system_prompt)) if v} or None
-    started = time.monotonic()
-    results = await asyncio.gather(*[
+    return await asyncio.gather(*[
         run_call(url, "twilio", utterances, params=params, token=token, quiet_s=0.6, reply_timeout_s=120,
                  record_url=base)
         for _ in range(n_calls)])
-    return {"policy": policy, **summarize_run(results, len(utterances), time.monotonic() - started)}
 
 
 def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict[str, Any]:

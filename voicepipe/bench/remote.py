@@ -1,9 +1,10 @@
 """`voicepipe bench call --remote`: the same calls with the LLM in process and with the LLM on a remote
 OpenAI-compatible server (another voicepipe's /v1, started here: the same model on the same machine).
 
-Two runs of `bench call` (Twilio calls through `caller/`): first against an in-process server with the local
-engine, then against an in-process server with `llm.backend = "openai"` pointing at a `voicepipe serve` subprocess.
-The report holds both runs and
+Twilio calls through `caller/` to two servers in this process: one with the local engine, one with
+`llm.backend = "openai"` pointing at a `voicepipe serve` subprocess. The calls alternate between them (`rounds`
+calls of each, local first), so a load on the machine that comes and goes falls on both; each side's turns are
+pooled. The report holds both and
 - `remote_over_local_v2v`: the remote run's voice-to-voice p50 over the local run's (at the first N),
 - `remote_cached_fraction`: the share of each turn's prompt the remote server's prefix cache served, from turn 2
   (its own `cached_tokens`), min and median.
@@ -20,12 +21,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from voicepipe.bench.call import bench_run, make_utterances
+from voicepipe.bench.call import make_utterances, run_calls, summarize_run
 from voicepipe.server import serve_in_thread, wait_until_ready
 
 POLICY = "silence"
@@ -55,30 +57,33 @@ AGENT_PROMPT = " ".join([
 ])
 
 
-def run_remote_bench(settings, calls: list[int], turns: int,
+def run_remote_bench(settings, calls: list[int], turns: int, rounds: int = 3,
                      progress: Callable[[str], None] = print) -> dict[str, Any]:
+    remote_settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"backend": "openai"})})
     with tempfile.TemporaryDirectory() as tmp:
         utterances = make_utterances(turns, Path(tmp))
-
-        def runs(base: str, label: str) -> list[dict[str, Any]]:
-            out = []
-            for n in calls:
-                progress(f"{label}: {n} concurrent call(s) of {turns} turns")
-                out.append(asyncio.run(bench_run(base, n, utterances, policy=POLICY, system_prompt=AGENT_PROMPT)))
-                progress(_line(out[-1]))
-            return out
-
-        progress("local: starting an in-process server (models load first)")
-        with serve_in_thread(settings) as (base, _app):
-            local = runs(base, "local")
-        progress("remote: starting the LLM server (`voicepipe serve`, its /v1) and a server that uses it")
-        with _llm_server(settings) as llm_base:
-            remote_settings = settings.model_copy(update={"llm": settings.llm.model_copy(
-                update={"backend": "openai", "base_url": f"{llm_base}/v1"})})
-            with serve_in_thread(remote_settings) as (base, _app):
-                remote = runs(base, "remote")
-    return {"transport": "twilio", "turns": turns, "policy": POLICY, "local": local, "remote": remote,
-            **remote_ratios(local, remote)}
+        progress("starting the local server, the LLM server (`voicepipe serve`, its /v1) and a server that uses it")
+        with serve_in_thread(settings) as (local, _), _llm_server(settings) as llm_base:
+            remote_settings.llm.base_url = f"{llm_base}/v1"
+            with serve_in_thread(remote_settings) as (remote, _):
+                report: dict[str, list[dict[str, Any]]] = {"local": [], "remote": []}
+                for n in calls:
+                    pooled: dict[str, list] = {"local": [], "remote": []}
+                    seconds = {"local": 0.0, "remote": 0.0}
+                    for round_ in range(1, rounds + 1):  # alternating, so a load that comes and goes hits both
+                        for label, base in (("local", local), ("remote", remote)):
+                            progress(f"round {round_}/{rounds}, {label}: {n} concurrent call(s) of {turns} turns")
+                            started = time.monotonic()
+                            pooled[label] += asyncio.run(run_calls(base, n, utterances, policy=POLICY,
+                                                                   system_prompt=AGENT_PROMPT))
+                            seconds[label] += time.monotonic() - started
+                    for label in report:
+                        run = {"concurrency": n, "policy": POLICY,
+                               **summarize_run(pooled[label], turns, seconds[label])}
+                        report[label].append(run)
+                        progress(f"{label}: {_line(run)}")
+    return {"transport": "twilio", "turns": turns, "rounds": rounds, "policy": POLICY, **report,
+            **remote_ratios(report["local"], report["remote"])}
 
 
 def remote_ratios(local: list[dict[str, Any]], remote: list[dict[str, Any]]) -> dict[str, Any]:
@@ -86,7 +91,7 @@ def remote_ratios(local: list[dict[str, Any]], remote: list[dict[str, Any]]) -> 
     by_calls = {}
     for lo, re in zip(local, remote, strict=True):
         a, b = lo["voice_to_voice_ms"]["p50"], re["voice_to_voice_ms"]["p50"]
-        by_calls[str(lo["calls"])] = round(b / a, 3) if a and b is not None else None
+        by_calls[str(lo["concurrency"])] = round(b / a, 3) if a and b is not None else None
     return {"remote_over_local_v2v": next(iter(by_calls.values()), None),
             "remote_over_local_v2v_by_calls": by_calls,
             "remote_cached_fraction": remote[0]["cached_fraction_from_turn2"] if remote else None,
@@ -121,6 +126,6 @@ def _llm_server(settings) -> Iterator[str]:
 
 def _line(run: dict[str, Any]) -> str:
     v, t = run["voice_to_voice_ms"], run["ttft_ms"]
-    return (f"calls={run['calls']}: voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, TTFT p50 {t['p50']} ms, "
+    return (f"{run['calls']} call(s): voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, TTFT p50 {t['p50']} ms, "
             f"cached fraction from turn 2 {run['cached_fraction_from_turn2']}, "
             f"turns without reply {run['turns_without_reply']}")

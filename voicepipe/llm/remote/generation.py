@@ -1,4 +1,5 @@
-"""`RemoteGeneration`: one streamed reply of a remote engine, with the surface of `llm.generation.Generation`."""
+"""`RemoteGeneration`: one streamed reply of a remote engine, a `llm.generation.Generation` whose pieces come from
+the HTTP stream (`engine.py` feeds its queue) rather than from the engine thread."""
 
 from __future__ import annotations
 
@@ -6,32 +7,17 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from voicepipe.llm.generation import Piece
-from voicepipe.llm.request import RequestStats
+from voicepipe.llm.generation import Generation, Piece
 
 
-class RemoteGeneration:
+class RemoteGeneration(Generation):
     """``async for piece in generation`` yields a `Piece` per streamed delta (its ``token_ids`` hold the delta's
     index: one "token" per delta, see `engine.py`). Leaving the loop early, or `cancel()`, closes the HTTP stream at
     once; a failure of the server raises `RemoteBackendError` from the loop."""
 
     def __init__(self, request: Any, queue: asyncio.Queue, task: asyncio.Task) -> None:
-        self.request = request
-        self._queue = queue
+        super().__init__(None, request, queue, stops=[])
         self._task = task
-        self.text = ""
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.end_prob: asyncio.Future = request.end_prob_future
-        self._started = False
-
-    @property
-    def stats(self) -> RequestStats:
-        return self.request.stats
-
-    @property
-    def session(self) -> Any:
-        return self.request.session
 
     def cancel(self) -> None:
         self._task.cancel()
@@ -41,12 +27,6 @@ class RemoteGeneration:
 
     def resume(self) -> None:
         """A no-op (see `pause`)."""
-
-    def __aiter__(self) -> AsyncIterator[Piece]:
-        if self._started:
-            raise RuntimeError("a Generation can be iterated once")
-        self._started = True
-        return self._stream()
 
     async def _stream(self) -> AsyncIterator[Piece]:
         try:
