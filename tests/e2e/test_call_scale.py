@@ -65,6 +65,13 @@ def setup(tmp_path_factory):
                 yield backend, backend_proc, (a_base, a_app), (b_base, b_proc), store_url
 
 
+async def until(condition, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the call"
+        await asyncio.sleep(0.05)
+
+
 def ws(base: str, path: str = "/ws") -> str:
     return base.replace("http://", "ws://") + path
 
@@ -162,8 +169,7 @@ def test_the_call_over_the_limit_is_refused_and_the_others_go_on(setup, voice_di
                                               record_url=a_base)),
                  asyncio.create_task(run_call(f"tcp://127.0.0.1:{a_app.state.audiosocket_port}", "audiosocket", utts,
                                               quiet_s=0.6, reply_timeout_s=90, record_url=a_base))]
-        while a_app.state.admission.active < 2:
-            await asyncio.sleep(0.02)
+        await until(lambda: a_app.state.admission.active >= 2)
         started = time.monotonic()
         async with websockets.connect(ws(a_base)) as extra:
             with pytest.raises(websockets.ConnectionClosed) as closed:
@@ -197,7 +203,9 @@ def test_drain_lets_the_live_call_finish_and_exits_0(setup, voice_dir: Path) -> 
         call = asyncio.create_task(run_call(ws(b_base), "native", utts, quiet_s=0.6, reply_timeout_s=90,
                                             fetch_record=False))
         async with httpx.AsyncClient() as client:
+            deadline = time.monotonic() + 90
             while not (await client.get(f"{b_base}/calls")).json()["active"]:
+                assert time.monotonic() < deadline, "the call never started"
                 await asyncio.sleep(0.05)
             await asyncio.sleep(2.0)  # the greeting is playing, the first turn is on its way
             b_proc.send_signal(signal.SIGTERM)
@@ -234,8 +242,7 @@ def test_a_dead_backend_gets_an_apology_and_a_clean_error_not_a_hang(setup, voic
     async def scenario():
         call = asyncio.create_task(run_call(ws(a_base), "native", utts, quiet_s=0.6, reply_timeout_s=60,
                                             record_url=a_base))
-        while not first_turn_played(a_app):
-            await asyncio.sleep(0.05)
+        await until(lambda: first_turn_played(a_app))
         backend_proc.kill()  # mid-call: the second turn has no LLM
         backend_proc.wait(timeout=10)
         return await call
