@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: espeak-ng and sox make test speech; chromium runs the browser tests.
+# Debian packages the test suite needs: espeak-ng and sox make test speech; chromium runs the browser tests;
+# postgresql is the shared call store's server (the tests start their own, tests/postgres_helpers.py).
 # Installs only what is missing.
 set -euo pipefail
 needed=()
 command -v espeak-ng >/dev/null || needed+=(espeak-ng)
 command -v sox >/dev/null || needed+=(sox)
 command -v chromium >/dev/null || needed+=(chromium)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null || needed+=(postgresql)
 [ ${#needed[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
   echo "error: missing ${needed[*]}; install them with your package manager (apt-get install ${needed[*]})." >&2

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from voicepipe.llm.errors import LLMError
 from voicepipe.tts.cursor import PlayoutCursor, SpeechOrigin, WordTiming
 from voicepipe.vad import VADEvent
 
@@ -133,6 +134,8 @@ class FakeGeneration:
         try:
             for i, word in enumerate(self.words):
                 await asyncio.sleep(0.001)
+                if i == self.engine.break_after:
+                    raise LLMError("the backend went away.")
                 yield SimpleNamespace(text=(" " if i else "") + word, token_ids=[i], time=0.0)
                 if self.engine.slow:
                     await asyncio.sleep(10)
@@ -162,6 +165,7 @@ class FakeEngine:
         self.session = None
         self.fail = False
         self.slow = False
+        self.break_after: int | None = None  # a generation fails (LLMError) after this many words
         self.end_prob: float | None = None  # what an early reply's end probe gives
         self.probes: list[bool] = []  # each generate's end_probe
 

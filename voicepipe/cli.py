@@ -84,17 +84,14 @@ def serve(
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
 ) -> None:
     """Start the service (models load in the background; /ready turns true when done)."""
-    import uvicorn
-
-    from voicepipe.server import create_app
+    from voicepipe.server import create_app, run_server
 
     settings = settings_with(server__host=host, server__port=port, device__device=device)
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app_ = create_app(settings)
     app_.state.runtime.model_paths()  # fail fast, with one clear line, when a model is missing
-    uvicorn.run(app_, host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level)
+    run_server(app_, settings)
 
 
 @app.command()
@@ -247,10 +244,16 @@ def bench_call(
     url: Annotated[str | None, typer.Option(help="A running server (http://host:port); default: in-process.")] =
         None,
     token: Annotated[str | None, typer.Option(help="calls.auth_token of that server.")] = None,
+    remote: Annotated[bool, typer.Option(
+        help="Run the calls with the LLM in process, then with the LLM on a second voicepipe's /v1 "
+             "(llm.backend = openai): remote_over_local_v2v and the remote cached fraction.")] = False,
 ) -> None:
     """N concurrent multi-turn Twilio calls: voice-to-voice, response latency and TTFT turn N over turn 2."""
     from voicepipe.bench.call import run_call_bench
 
+    if remote:
+        _bench_remote(json_file, calls or [1], turns)
+        return
     report = run_call_bench(settings_with(), calls or [1, 4], turns, url, token, progress=console.print)
     if json_file is not None:
         json_file.write_text(json.dumps(report, indent=2))
@@ -263,6 +266,25 @@ def bench_call(
     console.print(table)
     console.print(f"voice_to_voice_ratio ({report['policies'][-1]} / silence) by calls: "
                   f"{report['voice_to_voice_ratio_by_calls']}")
+
+
+def _bench_remote(json_file: Path | None, calls: list[int], turns: int) -> None:
+    from voicepipe.bench.remote import run_remote_bench
+
+    report = run_remote_bench(settings_with(), calls, turns, progress=console.print)
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("calls", "LLM", "v2v p50", "v2v p95", "TTFT p50", "cached from turn 2 (min / p50)",
+                  title=f"voice calls, turn policy {report['policy']}, {report['rounds']} alternating rounds (ms)")
+    for label in ("local", "remote"):
+        for run in report[label]:
+            v, t, c = run["voice_to_voice_ms"], run["ttft_ms"], run["cached_fraction_from_turn2"] or {}
+            table.add_row(str(run["concurrency"]), label, str(v["p50"]), str(v["p95"]), str(t["p50"]),
+                          f"{c.get('min')} / {c.get('p50')}")
+    console.print(table)
+    console.print(f"remote_over_local_v2v: {report['remote_over_local_v2v']} "
+                  f"(by calls {report['remote_over_local_v2v_by_calls']}); "
+                  f"remote cached fraction from turn 2: {report['remote_cached_fraction']}")
 
 
 @bench_app.command("sip")

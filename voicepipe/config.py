@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -60,6 +60,9 @@ class ServerSettings(Section):
     port: int = Field(8000, ge=0, le=65535)
     api_key: SecretStr | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # SIGTERM: /ready turns 503, new calls are refused, live calls go on for at most this long, then the process
+    # exits 0 (a second SIGTERM exits at once). Kubernetes' terminationGracePeriodSeconds should exceed it.
+    drain_timeout_s: float = Field(300.0, ge=0.0, le=86400.0)
 
 
 class PathsSettings(Section):
@@ -158,6 +161,29 @@ class LLMSettings(Section):
     prepack_linears: bool = True
     # after a reply, prefill the chat template's opener of the next user turn while the session is idle
     warm_next_turn: bool = True
+    # Where calls' replies come from: "local", the engine above in this process; "openai", any OpenAI-compatible
+    # server at base_url (vLLM, SGLang, llama.cpp's server, another voicepipe's /v1): the LLM is not loaded here
+    # and the settings above do not apply (voicepipe/llm/remote/, README "Remote LLM engines")
+    backend: Literal["local", "openai"] = "local"
+    base_url: str | None = None  # e.g. http://vllm:8000/v1
+    api_key: SecretStr | None = None  # sent as "Authorization: Bearer ..." to base_url
+    model: str | None = None  # the served model's id; None: the first one the server's /v1/models lists
+    # the key a multi-replica engine's router hashes each call's requests on (vLLM's production-stack router:
+    # --routing-logic session --session-key <this>); the OpenAI "user" field carries the same value
+    session_header: str = "X-Session-Id"
+    connect_timeout_s: float = Field(2.0, gt=0.0, le=60.0)
+    read_timeout_s: float = Field(15.0, gt=0.0, le=600.0)  # the longest wait for the next piece of a reply
+    retries: int = Field(2, ge=0, le=10)  # tries again before the first token (connect errors, 429, 5xx)
+    # backend "openai": the remote model's tokenizer here (a default model name, a directory or a hub id), so that the
+    # end-of-turn policy's end probe can render the chat and ask /v1/completions for the next token's logprobs; None:
+    # no text evidence from a remote engine (the text policy then runs on the silence)
+    tokenizer: str | None = None
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self) -> LLMSettings:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("llm.backend = 'openai' needs llm.base_url (e.g. http://vllm:8000/v1)")
+        return self
 
 
 class IceServer(Section):
@@ -193,6 +219,9 @@ class CallSettings(Section):
     # Pause the reply's LLM decoding while the TTS makes its first audio (at most this long; 0: off). On a CPU the
     # two share the cores and the caller waits for that audio, not for the tokens after it.
     first_audio_llm_pause_ms: int = Field(400, ge=0, le=5000)
+    # What the agent says when the LLM fails a turn (the backend is down, times out, or breaks off): the call goes
+    # on and the turn records the error. None or "": nothing is said
+    apology: str | None = "Sorry, I'm having trouble answering right now. Could you say that again in a moment?"
     idle_timeout_s: float = Field(120.0, gt=0.0)  # no caller speech and no agent audio this long: hang up
     max_reply_tokens: int = Field(60, ge=1, le=4096)
     temperature: float = Field(0.0, ge=0.0, le=2.0)  # 0: greedy
@@ -202,6 +231,9 @@ class CallSettings(Section):
     audiosocket_port: int | None = Field(None, ge=0, le=65535)  # Asterisk AudioSocket TCP listener (None: off)
     # WebRTC (/webrtc/offer and the softphone): none by default, so nothing reaches out past loopback/LAN
     ice_servers: list[IceServer] = Field(default_factory=list)
+    # Calls this process takes at once, over every transport; one more is refused the way its transport expects
+    # (WebSocket close 1013, WebRTC 503, AudioSocket hangup) and /ready answers 503 while full. None: no limit
+    max_concurrent: int | None = Field(None, ge=1, le=100000)
 
 
 class SipAgent(Section):
@@ -229,6 +261,10 @@ class ObservabilitySettings(Section):
     """The call store, the Prometheus metrics and call recordings."""
 
     store: bool = True  # keep calls and turns in SQLite (paths.data_dir / "calls.sqlite3")
+    # A shared store instead of the SQLite file: "postgresql://user:password@host:5432/db" (several replicas write
+    # to one database and each dashboard lists every call); None: the SQLite file
+    store_url: SecretStr | None = None
+    replica: str | None = None  # this process's name in the store's calls (None: the host name, a pod's name)
     retention_days: float = Field(30.0, gt=0.0)  # calls older than this are deleted
     flush_interval_s: float = Field(0.5, gt=0.0, le=1.0)  # store writes are batched; a crash loses at most this
     metrics: bool = True  # Prometheus /metrics

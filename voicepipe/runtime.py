@@ -66,15 +66,32 @@ class Runtime:
         self.tts = self.synthesizer.voice
         self.silero = SileroVAD(self.vad)
         self.transcriber = Transcriber(self.stt, self.settings.stt)
-        self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
-                                               llm_dtype_name(self.settings.device))
-        from voicepipe.llm.engine import LLMEngine
+        if self.settings.llm.backend == "openai":
+            engine = self._timed("llm", self._remote_engine, paths.get("tokenizer"))
+        else:
+            self.llm, self.tokenizer = self._timed("llm", load_causal_lm, paths["llm"], device,
+                                                   llm_dtype_name(self.settings.device))
+            from voicepipe.llm.engine import LLMEngine
 
-        engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
+            engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
         for listener in self.request_listeners:
             engine.add_request_listener(listener)
         engine.start()
         self.engine = engine
+
+    def _remote_engine(self, tokenizer_path: Path | None):
+        """`llm.backend = "openai"`: a client of the server at llm.base_url, no LLM here; with llm.tokenizer, its end
+        probe renders the chat with that tokenizer's template."""
+        from voicepipe.llm.remote import RemoteEngine
+        from voicepipe.llm.remote.probe import EndProbe
+
+        prober = None
+        if tokenizer_path is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+            prober = EndProbe(self.tokenizer)
+        return RemoteEngine(self.settings.llm, prober)
 
     def close(self) -> None:
         """Stop the model threads (the LLM engine); pending generations end with an error."""
@@ -87,7 +104,11 @@ class Runtime:
     def model_paths(self) -> dict[str, Path]:
         """Resolve every configured model to files; cheap, so `serve` checks it before starting."""
         models, models_dir = self.settings.models, self.settings.paths.models_dir
-        paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in ("vad", "stt", "tts", "llm")}
+        llm = self.settings.llm
+        kinds = ("vad", "stt", "tts") if llm.backend == "openai" else ("vad", "stt", "tts", "llm")
+        paths = {kind: resolve_model(getattr(models, kind), kind, models_dir) for kind in kinds}
+        if llm.backend == "openai" and llm.tokenizer:  # the remote model's tokenizer, for the end probe
+            paths["tokenizer"] = resolve_model(llm.tokenizer, "llm", models_dir)
         turn = self._turn_model_path()
         if turn is not None:
             paths["turn"] = turn

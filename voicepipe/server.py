@@ -68,10 +68,14 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        body = {"ready": runtime.ready, "load_seconds": runtime.load_seconds}
+        """200 while this process takes calls: models loaded, not draining, under calls.max_concurrent."""
+        admission = app.state.admission.snapshot()
+        accepting = runtime.ready and not admission["draining"] and not admission["saturated"]
+        body = {"ready": accepting, "models_loaded": runtime.ready, "load_seconds": runtime.load_seconds,
+                **{key: admission[key] for key in ("active_calls", "max_concurrent", "saturated", "draining")}}
         if runtime.load_error:
             body["error"] = runtime.load_error
-        return JSONResponse(body, status_code=200 if runtime.ready else 503)
+        return JSONResponse(body, status_code=200 if accepting else 503)
 
     @app.get("/version")
     async def version() -> dict:
@@ -83,6 +87,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
 def _mount_metrics(app: FastAPI) -> None:
     """GET /metrics (Prometheus text); the metrics observe the calls and the engine's requests."""
     from voicepipe.observability.metrics import Metrics
+    from voicepipe.observability.metrics_live import AdmissionCollector
 
     runtime: Runtime = app.state.runtime
     calls = app.state.calls  # the gateway's CallRegistry: a call is in it before it starts
@@ -91,6 +96,7 @@ def _mount_metrics(app: FastAPI) -> None:
         return getattr(calls.active.get(call_id), "session", None)
 
     metrics = Metrics(engine=lambda: runtime.engine, call_session=call_session)
+    metrics.registry.register(AdmissionCollector(app.state.admission.snapshot))
     app.state.metrics = metrics
     app.state.observers.add(metrics)
     runtime.request_listeners.append(metrics.request_finished)
@@ -104,6 +110,17 @@ def _mount_metrics(app: FastAPI) -> None:
 def _log_load_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("model loading failed: %s", task.exception())
+
+
+def run_server(app: FastAPI, settings: Settings) -> None:
+    """Serve ``app`` under uvicorn until it is stopped; SIGTERM drains it first (`DrainingServer`)."""
+    import uvicorn
+
+    from voicepipe.drain import DrainingServer
+
+    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
+                            log_level=settings.server.log_level)
+    DrainingServer(config, app.state.admission, settings.server.drain_timeout_s).run()
 
 
 @contextmanager

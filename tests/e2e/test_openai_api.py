@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,24 @@ def test_completions_endpoint(client):
     reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0)
     assert reply.choices[0].text.strip()
     assert reply.usage.prompt_tokens > 0
+
+
+def test_completions_logprobs_are_the_greedy_tokens_and_their_alternatives(client):
+    kwargs = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 5}
+    reply = client.completions.create(**kwargs)
+    logprobs = reply.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 4
+    assert "".join(logprobs.tokens) == reply.choices[0].text
+    assert logprobs.text_offset == [sum(map(len, logprobs.tokens[:i])) for i in range(4)]
+    for token, chosen, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert 0 < len(top) <= 5 and top[token] == chosen == max(top.values())  # greedy: the likeliest
+        assert sum(math.exp(v) for v in top.values()) <= 1.0 + 1e-6
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed == logprobs.tokens
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(**{**kwargs, "logprobs": 21})
 
 
 def test_cached_tokens_grow_over_a_resent_conversation(client):

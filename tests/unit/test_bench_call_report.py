@@ -10,6 +10,7 @@ from voicepipe.bench.call import (
     sentence_of_turn,
     summarize_run,
 )
+from voicepipe.bench.remote import remote_ratios
 from voicepipe.caller import CallResult, ClientTurn
 
 
@@ -21,7 +22,8 @@ def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(),
         replied = k not in no_reply
         result.turns.append(ClientTurn(k, speech_end=10.0 * k, first_audio=10.0 * k + 0.5 if replied else None))
         records.append({"turn": k, "user_text": "" if k in empty else "hello", "error": None, "interrupted": False,
-                        "timings_ms": {"response": 20.0, "ttft": ttft.get(k, 100.0)} if replied else {}})
+                        "timings_ms": {"response": 20.0, "ttft": ttft.get(k, 100.0)} if replied else {},
+                        "prompt_tokens": 100 * k, "cached_prompt_tokens": 100 * k - 20})
     result.record = {"turns": records}
     return result
 
@@ -66,3 +68,12 @@ def test_the_policy_ratio_divides_the_default_policys_voice_to_voice_by_silences
     assert policy_ratios(runs, "hybrid") == {"voice_to_voice_ratio": 0.65,
                                              "voice_to_voice_ratio_by_calls": {"1": 0.65, "4": 0.833}}
     assert policy_ratios([run(4, "silence", 1000.0), run(4, "hybrid", None)], "hybrid")["voice_to_voice_ratio"] is None
+
+
+def test_the_cached_fraction_counts_from_turn_2_and_remote_runs_compare_with_local_ones() -> None:
+    run = summarize_run([call("CA1", {}, turns=5)], 5, 60.0)
+    assert run["cached_fraction_from_turn2"] == {"min": 0.9, "p50": 0.942}  # 180/200 .. 480/500, turn 1 left out
+    local = {"concurrency": 1, "voice_to_voice_ms": {"p50": 1000.0}, "cached_fraction_from_turn2": {"min": 0.95}}
+    remote = {"concurrency": 1, "voice_to_voice_ms": {"p50": 1150.0}, "cached_fraction_from_turn2": {"min": 0.91}}
+    ratios = remote_ratios([local], [remote])
+    assert ratios["remote_over_local_v2v"] == 1.15 and ratios["remote_cached_fraction"] == {"min": 0.91}

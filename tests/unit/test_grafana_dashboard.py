@@ -16,6 +16,7 @@ from voicepipe.llm.request import Request, RequestStats
 from voicepipe.llm.sampling import SamplingParams
 from voicepipe.llm.session import Session
 from voicepipe.observability.metrics import Metrics
+from voicepipe.observability.metrics_live import AdmissionCollector
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.server import create_app
 
@@ -65,6 +66,8 @@ def labelled() -> Scrape:
     stats = RequestStats(arrival=1.0, first_scheduled=1.1, first_token=1.2, token_times=[1.2, 1.3])
     metrics.request_finished(Request(Session(ephemeral=True, requests=1), SamplingParams(), tier="default",
                                      stats=stats, finish_reason="stop"))
+    metrics.registry.register(AdmissionCollector(lambda: {"refused": {("twilio", "saturated"): 1},
+                                                          "max_concurrent": 4, "draining": False}))
     return Scrape(metrics.render()[0].decode())
 
 

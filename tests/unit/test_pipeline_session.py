@@ -334,6 +334,34 @@ def test_a_failing_turn_does_not_end_the_call() -> None:
     run(main())
 
 
+@pytest.mark.parametrize("break_after", [0, 2])
+def test_an_llm_that_fails_its_reply_gets_an_apology_and_the_call_goes_on(break_after: int) -> None:
+    """Before its first word or in the middle of the reply: the caller hears calls.apology after whatever was said,
+    the turn records the error, and the next turn is answered."""
+    async def main():
+        h = Harness()
+        await h.call.start()
+        h.engine.break_after = break_after
+        h.speak(300)
+        apology = h.call.cfg.apology
+        await h.settle(lambda: h.output.ended_replies == 1)
+        turn = h.call.record.turns[0]
+        said = " ".join(h.engine.reply.split(" ")[:break_after])
+        assert turn.agent_text == (f"{said} {apology}" if said else apology)
+        assert turn.error == "LLMError: the backend went away."
+        apology_samples = len(apology) * PER_CHAR  # FakeSpeech's samples per character
+        assert sum(n for origin, n in h.output.plays if origin[0] == 1) >= apology_samples  # it was spoken
+        h.output.playing = False
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        h.engine.break_after = None
+        h.output.playing = True
+        await h.one_turn()
+        assert not h.call.closed and h.call.record.turns[1].error is None
+        await h.call.close()
+
+    run(main())
+
+
 @pytest.mark.parametrize("during", ["listening", "an early reply", "speaking"])
 def test_close_releases_everything(during: str) -> None:
     async def main():

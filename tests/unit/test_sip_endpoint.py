@@ -248,6 +248,22 @@ def test_sip_max_calls_zero_refuses_every_invite(tmp_path) -> None:
         assert answer.status == 486 and answer.to_tag
 
 
+def test_the_service_wide_call_limit_and_a_drain_refuse_an_invite_as_sip_expects(tmp_path) -> None:
+    """calls.max_concurrent answers 486 Busy Here; a draining server 503 Service Unavailable (before 100 Trying)."""
+    settings = call_settings(tmp_path, calls={"max_concurrent": 1})
+    app = create_app(settings, load_models=False)
+    taken = app.state.admission.admit("native")  # the one call it takes is live on another transport
+    with app_on_loopback(app) as url, SipSocket(url) as sock:
+        sock.send(request("INVITE", headers=(("Content-Type", "application/sdp"),), body=SDP))
+        busy = sock.receive()
+        assert busy.status == 486 and busy.to_tag and "max_concurrent" in busy.reason, busy.text
+        taken.release()
+        app.state.admission.drain()
+        sock.send(request("INVITE", headers=(("Content-Type", "application/sdp"),), body=SDP))
+        assert sock.receive().status == 503
+    assert app.state.admission.refused == {("sip", "saturated"): 1, ("sip", "draining"): 1}
+
+
 def test_numbers_that_are_not_ascii_digits_are_no_numbers(tmp_path) -> None:
     """'²' passes str.isdigit and fails int(): an Expires or Session-Expires of it is ignored, not a 500."""
     with app_on_loopback(create_app(call_settings(tmp_path), load_models=False)) as url, SipSocket(url) as sock:

@@ -73,14 +73,20 @@ def make_utterances(turns: int, directory: Path) -> list[Utterance]:
 
 async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None,
                     policy: str | None = None) -> dict[str, Any]:
-    url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws/twilio"
-    params = {"turn_policy": policy} if policy else None
     started = time.monotonic()
-    results = await asyncio.gather(*[
+    results = await run_calls(base, n_calls, utterances, token, policy)
+    return {"policy": policy, **summarize_run(results, len(utterances), time.monotonic() - started)}
+
+
+async def run_calls(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None,
+                    policy: str | None = None, system_prompt: str | None = None) -> list[CallResult]:
+    """``n_calls`` Twilio calls at once to the server at ``base``, each saying ``utterances`` in turn."""
+    url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws/twilio"
+    params = {k: v for k, v in (("turn_policy", policy), ("system_prompt", system_prompt)) if v} or None
+    return await asyncio.gather(*[
         run_call(url, "twilio", utterances, params=params, token=token, quiet_s=0.6, reply_timeout_s=120,
                  record_url=base)
         for _ in range(n_calls)])
-    return {"policy": policy, **summarize_run(results, len(utterances), time.monotonic() - started)}
 
 
 def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict[str, Any]:
@@ -110,6 +116,9 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
         return float(np.median(values)) if values else None
 
     t2, tl = ttft_median(2, 2), ttft_median(last, last)
+    later = [t for r in results for t in (r.record or {}).get("turns", [])
+             if t["turn"] >= 2 and t.get("prompt_tokens")]
+    cached = [t["cached_prompt_tokens"] / t["prompt_tokens"] for t in later]
     early, late = ttft_median(2, WINDOW + 1), ttft_median(last - WINDOW + 1, last)
     return {
         "calls": len(results),
@@ -123,6 +132,9 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
         WINDOW_RATIO: round(late / early, 3) if early and late and last >= 2 * WINDOW + 1 else None,
         "per_turn": [{"turn": k, **{f"{name}_ms_p50": stats(v)["p50"] for name, v in row.items()}}
                      for k, row in sorted(per_turn.items())],
+        # the share of each turn's prompt its LLM served from the prefix cache, from turn 2 on (min and median)
+        "cached_fraction_from_turn2": {"min": round(min(cached), 3), "p50": round(float(np.median(cached)), 3)}
+        if cached else None,
         "turns_without_reply": sum(1 for r in results for t in r.turns if t.first_audio is None),
         "turn_problems": [{"call": r.call_id, "turn": t.get("turn"), "user_text": t.get("user_text"),
                            "error": t.get("error"), "interrupted": t.get("interrupted")}

@@ -21,6 +21,8 @@ class Piece:
     text: str
     token_ids: list[int]
     time: float
+    # with SamplingParams.logprobs: one (log P(token), [(id, log P) of the top alternatives]) per token id
+    logprobs: list[Any] | None = None
 
 
 @dataclass
@@ -29,6 +31,7 @@ class _Event:
     token_ids: list[int] = field(default_factory=list)
     time: float = 0.0
     error: BaseException | None = None
+    logprobs: list[Any] | None = None  # per token id, when the request asked for them
 
 
 class Generation:
@@ -80,6 +83,7 @@ class Generation:
         detok = IncrementalDetokenizer(self._engine.tokenizer)
         emitted = 0  # chars of detok.text already yielded
         pending_ids: list[int] = []
+        pending_logprobs: list[Any] | None = [] if self.request.params.logprobs is not None else None
         stop_ids = self.request.stop_ids
         try:
             while True:
@@ -90,6 +94,8 @@ class Generation:
                 if ev.kind == "tokens":
                     self.token_ids.extend(ev.token_ids)
                     pending_ids.extend(ev.token_ids)
+                    if pending_logprobs is not None:
+                        pending_logprobs.extend(ev.logprobs or [])
                     visible = [t for t in ev.token_ids if t not in stop_ids or self.request.params.ignore_eos]
                     detok.push(visible)
                     full = detok.text
@@ -99,14 +105,15 @@ class Generation:
                         piece = full[emitted:cut]
                         self.text = full[:cut]
                         if piece:
-                            yield Piece(piece, pending_ids, ev.time)
+                            yield Piece(piece, pending_ids, ev.time, pending_logprobs)
                         self.finish_reason = "stop"
                         await self._drain()
                         return
                     upto = max(emitted, len(full) - self._hold)
                     if upto > emitted:
-                        yield Piece(full[emitted:upto], pending_ids, ev.time)
+                        yield Piece(full[emitted:upto], pending_ids, ev.time, pending_logprobs)
                         pending_ids = []
+                        pending_logprobs = None if pending_logprobs is None else []
                         emitted = upto
                     continue
                 # done
@@ -115,7 +122,7 @@ class Generation:
                 self.text = full
                 self.finish_reason = self.request.finish_reason
                 if len(full) > emitted or pending_ids:
-                    yield Piece(full[emitted:], pending_ids, time.monotonic())
+                    yield Piece(full[emitted:], pending_ids, time.monotonic(), pending_logprobs)
                 return
         finally:
             if self.finish_reason is None:

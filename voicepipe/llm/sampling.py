@@ -10,6 +10,8 @@ import torch
 
 from voicepipe.llm.errors import InvalidSamplingError
 
+MAX_LOGPROBS = 20
+
 
 @dataclass
 class SamplingParams:
@@ -24,6 +26,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (the reply ends with the first one)
     ignore_eos: bool = False  # for benchmarks: run to max_tokens
     constraint: Any = None  # e.g. a JsonConstraint: masks the logits, then is told the token picked
+    # each token's log-probability and the `logprobs` most likely tokens' (None: none); at most MAX_LOGPROBS
+    logprobs: int | None = None
 
     def validate(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
@@ -37,6 +41,9 @@ class SamplingParams:
             raise InvalidSamplingError(f"top_k must be >= 0, got {self.top_k!r}.", "pass 0 to turn top-k off.")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise InvalidSamplingError(f"top_p must be in (0, 1], got {self.top_p!r}.", "pass 1.0 to turn it off.")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise InvalidSamplingError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs!r}.",
+                                       f"ask for at most {MAX_LOGPROBS} alternatives.")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidSamplingError("stop strings must be non-empty strings.", "remove the empty stop string.")
 
@@ -84,3 +91,18 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | 
         logits = torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list[Any]:
+    """For each row whose params ask for logprobs: ``(log P(its token), [(id, log P) of the most likely
+    params.logprobs tokens])`` from the model's distribution (before any constraint or temperature); None for the
+    other rows."""
+    out: list[Any] = [None] * len(params)
+    for row, p in enumerate(params):
+        if p.logprobs is None:
+            continue
+        logp = torch.log_softmax(logits[row].float(), dim=-1)
+        top = torch.topk(logp, p.logprobs) if p.logprobs else None
+        alternatives = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else []
+        out[row] = (float(logp[tokens[row]]), alternatives)
+    return out

@@ -12,7 +12,7 @@ from voicepipe.llm.attention import StepAborted
 from voicepipe.llm.errors import EngineStoppedError, LLMError, OverloadedError
 from voicepipe.llm.generation import _Event
 from voicepipe.llm.request import Request, State
-from voicepipe.llm.sampling import sample
+from voicepipe.llm.sampling import sample, token_logprobs
 
 log = logging.getLogger("voicepipe.llm.engine")  # the engine's log lines keep its logger name
 
@@ -85,6 +85,7 @@ class StepLoop:
                     sampled = [it for it in plan.items if it.samples]
                     tokens = sample(logits[:len(sampled)], [it.request.params for it in sampled],
                                     [it.request.generator for it in sampled]) if sampled else []
+                    logprobs = _logprobs(logits, tokens, sampled)
                     end_probs = self._end_probs(logits[len(sampled):]) if logits is not None else []
                 except StepAborted:  # a voice request arrived during a flex-only step: plan again, it goes first
                     with self._lock:
@@ -101,7 +102,7 @@ class StepLoop:
                     continue
                 with self._lock:
                     self._step_abortable = False
-                    self._after_step(plan.items, tokens, end_probs)
+                    self._after_step(plan.items, tokens, end_probs, logprobs)
         except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
             log.exception("LLM engine thread crashed")
             self.crashed = exc
@@ -129,7 +130,7 @@ class StepLoop:
 
         return torch.softmax(probe_logits, dim=-1)[:, self.end_ids].sum(dim=-1).tolist()
 
-    def _after_step(self, items, tokens: list[int], end_probs: list[float]) -> None:
+    def _after_step(self, items, tokens: list[int], end_probs: list[float], logprobs: list | None = None) -> None:
         self.counters["steps"] += 1
         now = time.monotonic()
         k = 0
@@ -161,7 +162,7 @@ class StepLoop:
             st.token_times.append(now)
             if st.first_token is None:
                 st.first_token = now
-            self._emit(req, _Event("tokens", [token], now))
+            self._emit(req, _Event("tokens", [token], now, logprobs=None if logprobs is None else [logprobs[k - 1]]))
             if token in req.stop_ids:
                 self._finish(req, "stop")
             elif len(req.output_ids) >= req.params.max_tokens or len(s.ids) >= self.max_context:
@@ -237,3 +238,11 @@ class StepLoop:
                 "sessions": len(self._sessions),
                 "sessions_pinned": sum(1 for s in self._sessions.values() if s.block_table),
             }
+
+
+def _logprobs(logits, tokens: list[int], sampled) -> list | None:
+    """The sampled rows' logprobs for the requests that asked (`SamplingParams.logprobs`); None when none did."""
+    params = [it.request.params for it in sampled]
+    if all(p.logprobs is None for p in params):
+        return None
+    return token_logprobs(logits[:len(sampled)], tokens, params)

@@ -33,11 +33,12 @@ def open_call_store(app: FastAPI) -> CallStore | None:
     try:
         store = CallStore.from_settings(settings)
     except Exception as exc:
-        log.error("call store at %s could not open, calls will not be stored: %s",
-                  settings.paths.data_dir, exc)
+        where = "observability.store_url" if settings.observability.store_url else settings.paths.data_dir
+        log.error("call store at %s could not open, calls will not be stored: %s", where, exc)
         return None
     app.state.call_store = store
     app.state.observers.add(store)
+    log.info("call store: %s (replica %s)", store.describe(), store.replica)
     return store
 
 

@@ -84,7 +84,8 @@ def _call_row(call: dict[str, Any], request: Request) -> str:
             f'<td><a href="{escape(link)}">{escape(call["id"])}</a></td><td>{escape(call["transport"])}</td>'
             f'<td class="outcome-{escape(outcome)}">{escape(outcome)}</td><td class="num">{_duration(call)}</td>'
             f'<td class="num">{call["turn_count"]}</td><td class="num p50">{_ms(v2v["p50"])}</td>'
-            f'<td class="num p95">{_ms(v2v["p95"])}</td><td class="num">{call["barge_ins"]}</td></tr>')
+            f'<td class="num p95">{_ms(v2v["p95"])}</td><td class="num">{call["barge_ins"]}</td>'
+            f'<td class="replica">{escape(call.get("replica") or "–")}</td></tr>')
 
 
 def _facts(call: dict[str, Any]) -> str:
@@ -93,7 +94,7 @@ def _facts(call: dict[str, Any]) -> str:
              ("duration", _duration(call)), ("outcome", call.get("outcome") or "live"),
              ("end reason", call.get("end_reason") or "–"), ("turns", str(call["turn_count"])),
              ("voice-to-voice", f"p50 {_ms(v2v['p50'])} · p95 {_ms(v2v['p95'])}"),
-             ("barge-ins", str(call["barge_ins"]))]
+             ("barge-ins", str(call["barge_ins"])), ("replica", call.get("replica") or "–")]
     if call.get("error"):
         facts.append(("error", call["error"]))
     if call.get("metadata"):

@@ -57,12 +57,12 @@ class LiveCollector(Collector):
         yield ready
         for key, (name, doc) in ENGINE_GAUGES.items():
             family = GaugeMetricFamily(name, doc)
-            if stats is not None:
+            if stats is not None and key in stats:  # a remote engine (llm.backend) has no KV pool here
                 family.add_metric([], stats[key])
             yield family
         for key, (name, doc) in ENGINE_COUNTERS.items():
             family = CounterMetricFamily(name, doc)
-            if stats is not None:
+            if stats is not None and key in stats:
                 family.add_metric([], stats[key])
             yield family
         preemptions = CounterMetricFamily("voicepipe_llm_preemptions", "Running LLM requests preempted (their KV "
@@ -87,3 +87,27 @@ def _errors(counts: dict[str, int], stats: dict[str, Any] | None) -> CounterMetr
     for kind in ERROR_KINDS:
         family.add_metric([kind], counts.get(kind, 0))
     return family
+
+
+class AdmissionCollector(Collector):
+    """Admission control (`pipeline/admission.py`), read at scrape time from ``snapshot()``: the calls refused by
+    transport and reason, the limit, and whether the process is draining."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._snapshot()
+        refused = CounterMetricFamily("voicepipe_calls_refused", "Calls refused at admission, by transport and "
+                                      "reason (saturated: at calls.max_concurrent; draining: shutting down).",
+                                      labels=["transport", "reason"])
+        for (transport, reason), count in sorted(state["refused"].items()):
+            refused.add_metric([transport, reason], count)
+        yield refused
+        limit = GaugeMetricFamily("voicepipe_calls_max_concurrent", "calls.max_concurrent (absent: no limit).")
+        if state["max_concurrent"] is not None:
+            limit.add_metric([], state["max_concurrent"])
+        yield limit
+        draining = GaugeMetricFamily("voicepipe_draining", "1 once SIGTERM started the drain: no new calls.")
+        draining.add_metric([], 1.0 if state["draining"] else 0.0)
+        yield draining

@@ -1,10 +1,13 @@
-"""The call store: every call and every turn in one SQLite file (WAL mode), kept `retention_days`.
+"""The call store: every call and every turn, kept `retention_days`, in one SQLite file (WAL mode) or, with
+`observability.store_url`, in a PostgreSQL database several replicas share (`store_db.py`: one code path, the
+same statements on both).
 
 `CallStore` is a `CallObserver`: a call row on `call_started`, a turn row on `turn_finished`, and the call's
 final state (and every turn again, so none is missed) on `call_ended`. The observer methods only snapshot the
 record and queue the statements; one writer thread (`store_writer.StoreWriter`) commits them in batches every
-`flush_interval_s`. Reads use their own connection (WAL: readers never wait for the writer) and see every
-write queued before them; call them off the event loop (`asyncio.to_thread`).
+`flush_interval_s`. Reads use their own connection (readers never wait for the writer) and see every write
+queued before them; call them off the event loop (`asyncio.to_thread`). Each call row names the replica that
+served it (`observability.replica`, by default the host name: a pod's name under Kubernetes).
 
 A call id is the key: a later call that reuses an id replaces the earlier call's record.
 """
@@ -12,12 +15,13 @@ A call id is the key: a later call that reuses an id replaces the earlier call's
 from __future__ import annotations
 
 import logging
-import sqlite3
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voicepipe.observability import store_db
 from voicepipe.observability.store_rows import UPSERT_CALL, UPSERT_TURN, call_row, percentiles, row_dict, turn_row
 from voicepipe.observability.store_schema import migrate
 from voicepipe.observability.store_writer import StoreWriter
@@ -30,22 +34,18 @@ log = logging.getLogger(__name__)
 
 STORE_FILE = "calls.sqlite3"
 DAY_S = 86400.0
-_LIST_COLUMNS = "id, transport, started, ended, outcome, end_reason, metadata, barge_ins, error"
+_LIST_COLUMNS = "id, transport, started, ended, outcome, end_reason, metadata, barge_ins, error, replica"
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit) on a WAL database."""
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10.0)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a crash loses uncommitted batches only
-    return conn
+def connect(path: Path):
+    """A connection to the SQLite store at ``path`` (see `store_db.open_connection`)."""
+    return store_db.open_connection(path)
 
 
-def prune(conn: sqlite3.Connection, retention_days: float, now: float | None = None) -> int:
+def prune(conn, retention_days: float, now: float | None = None) -> int:
     """Delete calls that started more than `retention_days` ago, with their turns; returns how many."""
     cutoff = (time.time() if now is None else now) - retention_days * DAY_S
-    conn.execute("BEGIN IMMEDIATE")
+    store_db.begin_write(conn)
     try:
         conn.execute("DELETE FROM turns WHERE call_id IN (SELECT id FROM calls WHERE started < ?)", (cutoff,))
         deleted = conn.execute("DELETE FROM calls WHERE started < ?", (cutoff,)).rowcount
@@ -59,12 +59,15 @@ def prune(conn: sqlite3.Connection, retention_days: float, now: float | None = N
 
 
 class CallStore:
-    def __init__(self, path: Path, *, retention_days: float = 30.0, flush_interval_s: float = 0.5,
-                 prune_every_s: float = 3600.0) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, location: Path | str, *, retention_days: float = 30.0, flush_interval_s: float = 0.5,
+                 prune_every_s: float = 3600.0, replica: str | None = None) -> None:
+        """``location``: the SQLite file, or a ``postgresql://`` URL."""
+        self.location = location if store_db.is_url(location) else Path(location)
+        if isinstance(self.location, Path):
+            self.location.parent.mkdir(parents=True, exist_ok=True)
         self.retention_days = retention_days
-        conn = connect(self.path)
+        self.replica = replica or socket.gethostname()
+        conn = store_db.open_connection(self.location)
         try:
             migrate(conn)
             prune(conn, retention_days)
@@ -72,16 +75,20 @@ class CallStore:
             conn.close()
             raise
         self._writer = StoreWriter(conn, flush_interval_s, maintenance=lambda c: prune(c, retention_days),
-                                   maintenance_every_s=prune_every_s)
-        self._read = connect(self.path)
-        self._read.execute("PRAGMA query_only = ON")
+                                   maintenance_every_s=prune_every_s,
+                                   reconnect=lambda: store_db.open_connection(self.location))
+        self._read = store_db.open_connection(self.location, read_only=True)
         self._read_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CallStore:
         obs = settings.observability
-        return cls(settings.paths.data_dir / STORE_FILE, retention_days=obs.retention_days,
-                   flush_interval_s=obs.flush_interval_s)
+        location = obs.store_url.get_secret_value() if obs.store_url else settings.paths.data_dir / STORE_FILE
+        return cls(location, retention_days=obs.retention_days, flush_interval_s=obs.flush_interval_s,
+                   replica=obs.replica)
+
+    def describe(self) -> str:
+        return store_db.describe(self.location)
 
     @property
     def writer(self) -> StoreWriter:
@@ -99,7 +106,7 @@ class CallStore:
     # -- CallObserver (on the event loop: snapshot and queue only) -------------------------------------------
     def call_started(self, call: CallRecord) -> None:
         self._writer.put("DELETE FROM turns WHERE call_id = :id", {"id": call.call_id})  # a reused id starts over
-        self._writer.put(UPSERT_CALL, call_row(call))
+        self._writer.put(UPSERT_CALL, call_row(call, self.replica))
 
     def event(self, call: CallRecord, event: dict[str, Any]) -> None:
         pass
@@ -111,14 +118,22 @@ class CallStore:
         self._writer.put(UPSERT_TURN, turn_row(call.call_id, turn))
 
     def call_ended(self, call: CallRecord) -> None:
-        self._writer.put(UPSERT_CALL, call_row(call))
+        self._writer.put(UPSERT_CALL, call_row(call, self.replica))
         for turn in call.turns:
             self._writer.put(UPSERT_TURN, turn_row(call.call_id, turn))
 
     # -- reads (blocking; off the event loop) ----------------------------------------------------------------
-    def _query(self, sql: str, params: tuple | dict = ()) -> list[sqlite3.Row]:
+    def _query(self, sql: str, params: tuple | dict = ()) -> list[Any]:
         self._writer.flush()
         with self._read_lock:
+            try:
+                return self._read.execute(sql, params).fetchall()
+            except store_db.errors(self._read):
+                if not getattr(self._read, "broken", False):
+                    raise
+            log.warning("call store: the read connection broke (the database restarted?); reconnecting")
+            self._read.close()
+            self._read = store_db.open_connection(self.location, read_only=True)
             return self._read.execute(sql, params).fetchall()
 
     def list_calls(self, *, since: float | None = None, until: float | None = None, transport: str | None = None,
@@ -169,4 +184,4 @@ class CallStore:
 
     def transports(self) -> list[str]:
         """Every transport that has a call in the store (for the dashboard's filter)."""
-        return [r[0] for r in self._query("SELECT DISTINCT transport FROM calls ORDER BY transport")]
+        return [r["transport"] for r in self._query("SELECT DISTINCT transport FROM calls ORDER BY transport")]

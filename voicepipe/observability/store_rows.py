@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,7 +17,7 @@ if TYPE_CHECKING:
     from voicepipe.observability.records import CallRecord, TurnRecord
 
 CALL_COLUMNS = ("id", "transport", "started", "ended", "outcome", "end_reason", "metadata", "system_prompt",
-                "greeting", "greeting_heard", "barge_ins", "error")
+                "greeting", "greeting_heard", "barge_ins", "error", "replica")
 # TurnRecord.decision's keys; each has a column of its own, "decision_<key>", so decisions can be queried
 DECISION_KEYS = ("policy", "action", "reason", "silence_ms", "wait_ms", "text_prob", "acoustic_prob")
 _DECISION_TEXT_KEYS = ("policy", "action", "reason")
@@ -48,11 +47,12 @@ def _decision_columns(decision: dict[str, Any]) -> dict[str, Any]:
     return columns
 
 
-def call_row(call: CallRecord) -> dict[str, Any]:
+def call_row(call: CallRecord, replica: str | None = None) -> dict[str, Any]:
     return {"id": call.call_id, "transport": call.transport, "started": call.started, "ended": call.ended,
             "outcome": call.outcome, "end_reason": call.end_reason, "metadata": _json(call.metadata),
             "system_prompt": call.system_prompt or "", "greeting": call.greeting,
-            "greeting_heard": call.greeting_heard, "barge_ins": int(call.barge_ins), "error": call.error}
+            "greeting_heard": call.greeting_heard, "barge_ins": int(call.barge_ins), "error": call.error,
+            "replica": replica}
 
 
 def turn_row(call_id: str, turn: TurnRecord) -> dict[str, Any]:
@@ -78,7 +78,7 @@ UPSERT_CALL = upsert_sql("calls", CALL_COLUMNS, ("id",))
 UPSERT_TURN = upsert_sql("turns", TURN_COLUMNS, ("call_id", "turn"))
 
 
-def row_dict(row: sqlite3.Row) -> dict[str, Any]:
+def row_dict(row: Any) -> dict[str, Any]:
     """A row as JSON-able data: JSON columns parsed, flags as booleans, a turn's decision columns as its
     `decision` dict (the record's shape; {} when it had none)."""
     out = dict(row)

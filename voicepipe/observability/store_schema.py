@@ -1,14 +1,19 @@
-"""The call store's schema, versioned in code: `PRAGMA user_version` counts the migrations applied.
+"""The call store's schema, versioned in code: the database's schema version counts the migrations applied
+(SQLite's `PRAGMA user_version`, PostgreSQL's `voicepipe_schema` table: `store_db.py`).
 
-A migration is a list of SQL statements. `migrate()` applies the missing ones in order, each in its own
-transaction together with the version bump, so a database is always at one whole version. Add a migration
-by appending to `MIGRATIONS`; never edit one that has shipped.
+A migration is a list of SQL statements that both databases run (`store_db.ddl` maps the one type they spell
+differently). `migrate()` applies the missing ones in order, each in its own transaction together with the version
+bump, so a database is always at one whole version; replicas that start together take turns
+(`store_db.migration_lock`) and the later ones find the work done. Add a migration by appending to `MIGRATIONS`;
+never edit one that has shipped.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
+from typing import Any
+
+from voicepipe.observability import store_db
 
 Migration = Sequence[str]
 
@@ -59,6 +64,10 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE turns ADD COLUMN reopened TEXT NOT NULL DEFAULT '[]'",  # JSON: earlier decisions, each with t
         "ALTER TABLE turns ADD COLUMN backchannels TEXT NOT NULL DEFAULT '[]'",  # JSON: said over the reply
     ],
+    # 3: which replica (observability.replica) served the call, for a store several replicas share
+    [
+        "ALTER TABLE calls ADD COLUMN replica TEXT",
+    ],
 ]
 
 
@@ -66,26 +75,28 @@ class SchemaError(RuntimeError):
     pass
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
-    return conn.execute("PRAGMA user_version").fetchone()[0]
+def schema_version(conn: Any) -> int:
+    return store_db.schema_version(conn)
 
 
-def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+def migrate(conn: Any, migrations: Sequence[Migration] = MIGRATIONS) -> int:
     """Bring the database up to `len(migrations)`; returns the version it had before.
 
-    `conn` must be in autocommit mode (`isolation_level=None`): the transactions are explicit here."""
-    before = schema_version(conn)
-    if before > len(migrations):
-        raise SchemaError(f"the call store's schema is version {before}, newer than this voicepipe knows "
-                          f"({len(migrations)}): upgrade voicepipe or point paths.data_dir elsewhere")
-    for version in range(before + 1, len(migrations) + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in migrations[version - 1]:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {version:d}")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    `conn` must be in autocommit mode (`store_db.open_connection`): the transactions are explicit here."""
+    with store_db.migration_lock(conn):
+        before = schema_version(conn)
+        if before > len(migrations):
+            raise SchemaError(f"the call store's schema is version {before}, newer than this voicepipe knows "
+                              f"({len(migrations)}): upgrade voicepipe or point the store elsewhere")
+        for version in range(before + 1, len(migrations) + 1):
+            store_db.begin_write(conn)
+            try:
+                if schema_version(conn) < version:  # another process may have applied it while this one waited
+                    for statement in migrations[version - 1]:
+                        conn.execute(store_db.ddl(conn, statement))
+                    store_db.set_schema_version(conn, version)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
     return before

@@ -3,7 +3,8 @@
 The first statement of a batch opens a transaction; the batch commits `flush_interval_s` later (or on
 `flush()` / `close()`), so a crash loses at most that much. A failing statement is logged and skipped; it
 never stops the thread. `maintenance` (the retention sweep) runs in the same thread every
-`maintenance_every_s`, so the database only ever has one writer.
+`maintenance_every_s`, so the database only ever has one writer. A PostgreSQL connection that breaks (the server
+restarted) is opened again with `reconnect` before the next batch; the batch it was in is lost, and logged.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from voicepipe.observability import store_db
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +30,11 @@ class _Flush:
 
 
 class StoreWriter:
-    def __init__(self, conn: sqlite3.Connection, flush_interval_s: float,
-                 maintenance: Callable[[sqlite3.Connection], None] | None = None,
-                 maintenance_every_s: float = 3600.0) -> None:
-        self._conn = conn  # autocommit mode; owned by the writer thread from here on
+    def __init__(self, conn: Any, flush_interval_s: float, maintenance: Callable[[Any], None] | None = None,
+                 maintenance_every_s: float = 3600.0, reconnect: Callable[[], Any] | None = None) -> None:
+        self._conn = conn  # autocommit mode (store_db.open_connection); owned by the writer thread from here on
+        self._errors = store_db.errors(conn)
+        self._reconnect = reconnect
         self._interval = flush_interval_s
         self._maintenance = maintenance
         self._maintenance_every = maintenance_every_s
@@ -69,7 +72,6 @@ class StoreWriter:
 
     # -- the thread ------------------------------------------------------------------------------------------
     def _run(self) -> None:
-        conn = self._conn
         deadline: float | None = None  # when the open batch must commit
         next_maintenance = time.monotonic() + self._maintenance_every
         try:
@@ -104,16 +106,30 @@ class StoreWriter:
             log.exception("call store writer failed")
         finally:
             self._commit()
-            conn.close()
+            self._conn.close()
 
     def _execute(self, sql: str, params: dict[str, Any]) -> None:
+        self._check_connection()
         try:
             if not self._conn.in_transaction:
                 self._conn.execute("BEGIN")
-            self._conn.execute(sql, params)
+            store_db.execute_in_batch(self._conn, sql, params)
             self.statements += 1
-        except Exception as exc:  # sqlite errors, and values sqlite cannot bind: skip this one, keep the thread
+        except Exception as exc:  # database errors, and values it cannot bind: skip this one, keep the thread
             log.error("call store write failed (%s): %s", sql.split("(")[0].strip(), exc)
+
+    def _check_connection(self) -> None:
+        if not getattr(self._conn, "broken", False) or self._reconnect is None:
+            return
+        log.error("call store: the database connection broke; its open batch is lost; reconnecting")
+        try:
+            conn = self._reconnect()
+        except Exception as exc:
+            log.error("call store: reconnecting failed: %s", exc)
+            return
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        self._conn = conn
 
     def _commit(self) -> None:
         if not self._conn.in_transaction:
@@ -121,9 +137,9 @@ class StoreWriter:
         try:
             self._conn.execute("COMMIT")
             self.commits += 1
-        except sqlite3.Error as exc:
+        except self._errors as exc:
             log.error("call store commit failed; this batch is lost: %s", exc)
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(*self._errors):
                 self._conn.execute("ROLLBACK")
 
     def _run_maintenance(self) -> None:
@@ -131,5 +147,5 @@ class StoreWriter:
             return
         try:
             self._maintenance(self._conn)
-        except sqlite3.Error as exc:
+        except self._errors as exc:
             log.error("call store maintenance failed: %s", exc)

@@ -40,6 +40,7 @@ import numpy as np
 
 from voicepipe.audio import StreamResampler
 from voicepipe.config import CallSettings, Settings
+from voicepipe.llm.errors import LLMError
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.timeline import derive_timings
@@ -124,8 +125,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
         self._loop = asyncio.get_running_loop()
         self.record.started_mono = time.monotonic()
         self.session = self.res.engine.open_session(self.system_prompt)
-        policy = TurnPolicy(effective_policy(self.turn_policy, self.res.turn is not None,
-                                             words_scored=self.cfg.preemptive_generation),
+        words_scored = self.cfg.preemptive_generation and getattr(self.res.engine, "scores_words", True)
+        policy = TurnPolicy(effective_policy(self.turn_policy, self.res.turn is not None, words_scored=words_scored),
                             self.settings.turn, self.settings.vad.end_of_turn_silence_ms)
         self.turns = TurnTaking(policy, self.res.turn, PIPELINE_RATE)
         self.detector = self._make_detector()
@@ -487,19 +488,14 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
         pump = asyncio.create_task(self._pump_audio(reply), name=f"tts-{self.call_id}")
         timeline = record.timeline
         try:
-            async for piece in gen:
-                if "first_token" not in timeline:
-                    self._engine_times(gen.stats, timeline)
-                    self.note("first_token", turn=reply.turn)
-                reply.text += piece.text
-                reply.tokens += len(piece.token_ids)
-                reply.pieces.append((len(reply.text), reply.tokens))
-                if piece.text:
-                    if reply.stream.push_text(piece.text) and "first_clause" not in timeline:
-                        timeline["first_clause"] = self._since()
-                        if self.cfg.first_audio_llm_pause_ms:
-                            gen.pause(self.cfg.first_audio_llm_pause_ms / 1000)  # _pump_audio resumes it
-                    self._emit_for(reply, "agent_text", {"text": piece.text, "final": False, "turn": reply.turn})
+            try:
+                async for piece in gen:
+                    if "first_token" not in timeline:
+                        self._engine_times(gen.stats, timeline)
+                        self.note("first_token", turn=reply.turn)
+                    self._say(reply, piece.text, len(piece.token_ids), gen)
+            except LLMError as exc:  # the engine or its remote backend failed: an apology, and the call goes on
+                self._llm_failed(reply, record, exc)
             if reply.stream.end_text() and "first_clause" not in timeline:
                 timeline["first_clause"] = self._since()
             record.agent_text = reply.text
@@ -514,6 +510,29 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
             record.prompt_tokens = stats.prompt_tokens
             record.cached_prompt_tokens = stats.cached_prompt_tokens
             record.output_tokens = stats.output_tokens
+
+    def _say(self, reply: _Reply, text: str, tokens: int, gen=None) -> None:
+        """Hand a piece of the reply (``tokens`` of the engine's) to the TTS and to the client."""
+        reply.text += text
+        reply.tokens += tokens
+        reply.pieces.append((len(reply.text), reply.tokens))
+        if not text:
+            return
+        timeline = reply.record.timeline
+        if reply.stream.push_text(text) and "first_clause" not in timeline:
+            timeline["first_clause"] = self._since()
+            if self.cfg.first_audio_llm_pause_ms and gen is not None:
+                gen.pause(self.cfg.first_audio_llm_pause_ms / 1000)  # _pump_audio resumes it
+        self._emit_for(reply, "agent_text", {"text": text, "final": False, "turn": reply.turn})
+
+    def _llm_failed(self, reply: _Reply, record: TurnRecord, exc: LLMError) -> None:
+        """The LLM could not answer this turn (or broke off its answer): log it, record it on the turn, and say
+        `calls.apology` after whatever was already said, so the caller is never left in silence."""
+        log.error("call %s: turn %d: the LLM failed: %s", self.call_id, reply.turn, exc)
+        record.error = f"{type(exc).__name__}: {exc.message}"
+        self.note("llm_error", turn=reply.turn, error=record.error)
+        if self.cfg.apology:
+            self._say(reply, f" {self.cfg.apology}" if reply.text else self.cfg.apology, 0)
 
     def _engine_times(self, stats, timeline: dict[str, float]) -> None:
         """The engine's own clock for the request: queued, prefill start, first token (now if it has none)."""

@@ -14,6 +14,7 @@ import logging
 import threading
 
 from voicepipe.pipeline import call_resources
+from voicepipe.pipeline.admission import CallRefused
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.serializers import make_serializer
 from voicepipe.transports.serializers.audiosocket import KIND_HANGUP, encode_message
@@ -60,12 +61,28 @@ class TCPLink:
 async def handle_audiosocket(app, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     link = TCPLink(reader, writer)
     try:
+        slot = app.state.admission.admit("audiosocket")
+    except CallRefused:  # at calls.max_concurrent, or draining: Asterisk gets a hangup at once
+        await _hang_up(link)
+        return
+    try:
+        await _serve_admitted(app, link)
+    finally:
+        slot.release()
+
+
+async def _hang_up(link: TCPLink) -> None:
+    with contextlib.suppress(Exception):
+        await link.send_bytes(encode_message(KIND_HANGUP))
+    await link.close()
+
+
+async def _serve_admitted(app, link: TCPLink) -> None:
+    try:
         resources = await asyncio.to_thread(call_resources, app.state.runtime)
     except Exception as exc:
         log.warning("audiosocket: call refused: %s", exc)
-        with contextlib.suppress(Exception):
-            await link.send_bytes(encode_message(KIND_HANGUP))
-        await link.close()
+        await _hang_up(link)
         return
     conn = Connection(link, "audiosocket", make_serializer("audiosocket"), app.state.settings, resources,
                       app.state.calls, app.state.observers)

@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request, WebSocket
 
 from voicepipe.auth import check_http_token, token_ok
 from voicepipe.pipeline import CallRegistry, call_resources
+from voicepipe.pipeline.admission import Admission, CallRefused
 from voicepipe.pipeline.resources import warm_up_in_background
 from voicepipe.transports.audiosocket_server import start_audiosocket_listener
 from voicepipe.transports.connection import CLOSE_INTERNAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, Connection, close_socket
@@ -29,6 +30,7 @@ PROVIDERS = ("twilio", "telnyx", "vonage", "plivo", "exotel")
 def create_call_router(app: FastAPI) -> APIRouter:
     """The call endpoints; keeps a `CallRegistry` on `app.state.calls`."""
     app.state.calls = CallRegistry()
+    app.state.admission = Admission(app.state.settings.calls.max_concurrent)  # every transport asks it first
     warm_up_in_background(app.state.runtime)
     if app.state.settings.calls.audiosocket_port is not None:
         start_audiosocket_listener(app)
@@ -74,6 +76,21 @@ async def serve_call(ws: WebSocket, transport: str) -> None:
         log.warning("%s: refused a connection with a missing or wrong token", transport)
         await ws.close(code=CLOSE_POLICY, reason="unauthorized")
         return
+    try:
+        slot = app.state.admission.admit(transport)
+    except CallRefused as refused:  # at calls.max_concurrent, or draining: the provider tries elsewhere
+        await ws.accept()
+        await close_socket(ws, CLOSE_TRY_AGAIN, str(refused))
+        return
+    try:
+        await _serve_admitted(ws, transport)
+    finally:
+        slot.release()
+
+
+async def _serve_admitted(ws: WebSocket, transport: str) -> None:
+    app = ws.app
+    settings = app.state.settings
     await ws.accept()
     runtime = app.state.runtime
     try:

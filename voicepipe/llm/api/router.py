@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from voicepipe.llm.api.errors import APIError, api_error_handler, bad_request, overloaded, validation_error_handler
+from voicepipe.llm.api.logprobs import completion_logprobs
 from voicepipe.llm.api.schemas import ChatCompletionRequest, CompletionRequest
 from voicepipe.llm.constraints import GrammarTokenizer, constraint_for
 from voicepipe.llm.errors import (
@@ -60,6 +61,9 @@ def _engine(request: Request):
     engine = getattr(runtime, "engine", None)
     if engine is None:
         raise APIError(503, "the model is still loading.", "server_error", code="model_loading", retry_after=5)
+    if getattr(engine, "backend", "local") != "local":  # llm.backend = "openai": this process runs no LLM
+        raise APIError(501, "this voicepipe's LLM is remote (llm.backend); send OpenAI requests to that server "
+                       "(llm.base_url).", "invalid_request_error", code="remote_backend")
     return engine
 
 
@@ -88,6 +92,7 @@ def _grammar_tokenizer(request: Request, engine) -> GrammarTokenizer:
 
 
 def _sampling(body, grammar: GrammarTokenizer | None, response_format: dict | None = None) -> SamplingParams:
+    logprobs = body.logprobs if isinstance(body, CompletionRequest) else None
     limit = (body.token_limit() if isinstance(body, ChatCompletionRequest) else body.max_tokens) or DEFAULT_MAX_TOKENS
     return SamplingParams(
         max_tokens=limit,
@@ -96,6 +101,7 @@ def _sampling(body, grammar: GrammarTokenizer | None, response_format: dict | No
         seed=body.seed,
         stop=body.stop_list(),
         constraint=constraint_for(response_format, grammar, limit) if response_format else None,
+        logprobs=logprobs,
     )
 
 
@@ -148,13 +154,15 @@ async def _respond(engine, prompt: list[dict] | str, params: SamplingParams, bod
     except LLMError as exc:
         raise _api_error(exc) from None
     meta = _Meta(model=model, tier=tier, chat=chat)
+    if not chat and params.logprobs is not None:
+        meta.tokenizer = engine.tokenizer
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_sse(meta, generation, first, pieces, include_usage), media_type="text/event-stream")
-    text = first.text if first else ""
+    collected = [first] if first else []
     async for piece in pieces:
-        text += piece.text
-    return JSONResponse(meta.final(generation, text))
+        collected.append(piece)
+    return JSONResponse(meta.final(generation, "".join(p.text for p in collected), collected))
 
 
 class _Meta:
@@ -162,12 +170,17 @@ class _Meta:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model, self.tier, self.chat = model, tier, chat
+        self.tokenizer = None  # set when a completion asked for logprobs
+        self.sent = 0  # text streamed so far (the logprobs' text offsets)
+
+    def logprobs(self, pieces: list) -> dict | None:
+        return None if self.tokenizer is None else completion_logprobs(self.tokenizer, pieces, self.sent)
 
     def envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "service_tier": self.tier, "system_fingerprint": "voicepipe", "choices": choices}
 
-    def final(self, generation, text: str) -> dict[str, Any]:
+    def final(self, generation, text: str, pieces: list) -> dict[str, Any]:
         reason = _finish_reason(generation)
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
@@ -175,16 +188,19 @@ class _Meta:
             body = self.envelope("chat.completion", [choice])
         else:
             body = self.envelope("text_completion", [{"index": 0, "text": text, "finish_reason": reason,
-                                                      "logprobs": None}])
+                                                      "logprobs": self.logprobs(pieces)}])
         body["usage"] = usage(generation)
         return body
 
-    def chunk(self, delta: dict | None = None, text: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    def chunk(self, delta: dict | None = None, text: str | None = None, reason: str | None = None,
+              piece=None) -> dict[str, Any]:
         if self.chat:
             return self.envelope("chat.completion.chunk", [{"index": 0, "delta": delta or {}, "finish_reason": reason,
                                                             "logprobs": None}])
+        logprobs = self.logprobs([piece]) if piece is not None else None
+        self.sent += len(text or "")
         return self.envelope("text_completion", [{"index": 0, "text": text or "", "finish_reason": reason,
-                                                  "logprobs": None}])
+                                                  "logprobs": logprobs}])
 
 
 def _finish_reason(generation) -> str:
@@ -206,9 +222,9 @@ async def _sse(meta: _Meta, generation, first, pieces: AsyncIterator, include_us
     if meta.chat:
         yield event(meta.chunk(delta={"role": "assistant", "content": ""}))
     if first is not None:
-        yield event(meta.chunk(delta={"content": first.text}, text=first.text))
+        yield event(meta.chunk(delta={"content": first.text}, text=first.text, piece=first))
     async for piece in pieces:
-        yield event(meta.chunk(delta={"content": piece.text}, text=piece.text))
+        yield event(meta.chunk(delta={"content": piece.text}, text=piece.text, piece=piece))
     yield event(meta.chunk(reason=_finish_reason(generation)))
     if include_usage:
         tail = meta.envelope("chat.completion.chunk" if meta.chat else "text_completion", [])

@@ -88,6 +88,7 @@ class ChatCompletionRequest(_SamplingBody):
 class CompletionRequest(_SamplingBody):
     prompt: str | list[str]
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)  # each token's logprob and this many alternatives'
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:

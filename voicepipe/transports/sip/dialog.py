@@ -90,6 +90,7 @@ class SipCall:
         self.timer = session_expires(invite) if wants_session_timer(invite) else None
         self.link: PeerLink | None = None
         self.task: asyncio.Task | None = None
+        self.slot = None  # its place under calls.max_concurrent (`pipeline.admission.CallSlot`), given back at the end
         self.state = "answering"  # -> answered (200 sent) -> confirmed (ACK) -> ended
         self.ended_by_phone = False
         self._ack_wait: asyncio.TimerHandle | None = None

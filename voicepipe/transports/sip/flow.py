@@ -23,8 +23,10 @@ import time
 
 from fastapi import WebSocket
 
+from voicepipe.pipeline.admission import CallRefused
 from voicepipe.transports.sip.dialog import MIN_SESSION_EXPIRES_S, SipCall, session_expires, wants_session_timer
 from voicepipe.transports.sip.message import (
+    REASONS,
     Request,
     Response,
     SipError,
@@ -112,6 +114,8 @@ class SipFlow:
         if self.dialogs.get(call.dialog_id) is call:
             del self.dialogs[call.dialog_id]
         self.service.calls.discard(call)
+        if call.slot is not None:
+            call.slot.release()
 
     # -- one message ----------------------------------------------------------------------------------------------
     def on_text(self, text: str) -> None:
@@ -271,8 +275,14 @@ class SipFlow:
         if wants_session_timer(request) and session_expires(request)[0] < MIN_SESSION_EXPIRES_S:
             self._respond(tx, 422, headers=[("Min-SE", str(MIN_SESSION_EXPIRES_S))])
             return
+        try:
+            slot = self.service.app.state.admission.admit("sip")  # calls.max_concurrent, or a draining server
+        except CallRefused as refused:
+            self._respond(tx, refused.sip_status, f"{REASONS[refused.sip_status]} ({refused})")
+            return
         agent = parse_uri(request.uri).user or "agent"
         call = SipCall(self, tx, agent, self.service.call_settings(agent), self.service.start_fields(request, agent))
+        call.slot = slot
         self._respond(tx, 100)
         self.dialogs[call.dialog_id] = call
         self.service.calls.add(call)

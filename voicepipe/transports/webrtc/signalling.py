@@ -23,6 +23,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from voicepipe.auth import check_http_token
 from voicepipe.pipeline import call_resources
+from voicepipe.pipeline.admission import CallRefused
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import ProtocolError
 from voicepipe.transports.serializers.native import NativeSerializer
@@ -58,11 +59,19 @@ def create_webrtc_router(app: FastAPI) -> APIRouter:
             log.warning("webrtc: bad offer from %s: %s", request.client.host if request.client else "?", exc)
             raise HTTPException(400, str(exc)) from None
         try:
-            resources = await asyncio.to_thread(call_resources, request.app.state.runtime)
-        except Exception as exc:
-            log.warning("webrtc: call refused: %s", exc)
-            raise HTTPException(503, "not ready: models are loading") from None
-        return await answer(request.app, body["sdp"], start, resources)
+            slot = request.app.state.admission.admit("webrtc")
+        except CallRefused as refused:  # at calls.max_concurrent, or draining
+            raise HTTPException(503, str(refused)) from None
+        try:
+            try:
+                resources = await asyncio.to_thread(call_resources, request.app.state.runtime)
+            except Exception as exc:
+                log.warning("webrtc: call refused: %s", exc)
+                raise HTTPException(503, "not ready: models are loading") from None
+            return await answer(request.app, body["sdp"], start, resources, slot)
+        except BaseException:
+            slot.release()
+            raise
 
     return router
 
@@ -142,8 +151,9 @@ async def open_peer(settings, sdp: str, start: dict[str, Any], label: str) -> Pe
     return link
 
 
-async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
-    """Apply the offer, start the call in the background, and return the answer."""
+async def answer(app, sdp: str, start: dict[str, Any], resources, slot=None) -> dict:
+    """Apply the offer, start the call in the background, and return the answer. The call's admission ``slot``
+    (`pipeline.admission.CallSlot`) is released when the call ends."""
     label = f"webrtc {start['call_id']}"
     try:
         link = await open_peer(app.state.settings, sdp, start, label)
@@ -156,6 +166,8 @@ async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
     calls: dict = app.state.webrtc_calls
     calls[task] = link
     task.add_done_callback(lambda t: calls.pop(t, None))
+    if slot is not None:
+        task.add_done_callback(lambda t: slot.release())
     local = link.pc.localDescription
     return {"sdp": local.sdp, "type": local.type, "call_id": start["call_id"]}
 
