@@ -284,14 +284,19 @@ class SipCall:
 
     async def _serve(self, conn: Connection) -> None:
         try:
-            await serve_peer_call(conn, self.link)
+            await serve_peer_call(conn, self.link, ended=lambda: self._call_ended(conn))
         finally:
-            self._stop_timers()
-            if not self.ended_by_phone and self.state in ("answered", "confirmed"):
-                reason = conn.call.end_reason if conn.call is not None else "ended"
-                self._send_bye(reason or "ended")
-            self.state = "ended"
+            self._call_ended(conn)
             self.flow.forget(self)
+
+    def _call_ended(self, conn: Connection) -> None:
+        """The call is over: a BYE to the phone unless it hung up (sent before the peer connection closes, so the
+        phone hears why before its media stops)."""
+        self._stop_timers()
+        if not self.ended_by_phone and self.state in ("answered", "confirmed"):
+            reason = conn.call.end_reason if conn.call is not None else "ended"
+            self._send_bye(reason or "ended")
+        self.state = "ended"
 
     def _send_bye(self, reason: str) -> None:
         """The call ended on this side: tell the phone (RFC 3261 15.1.1), with why (RFC 3326)."""

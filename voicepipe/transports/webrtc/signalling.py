@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -187,12 +188,15 @@ async def hang_up_webrtc_calls(app, reason: str = "shutdown", timeout_s: float =
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def serve_peer_call(conn: Connection, link: PeerLink) -> None:
-    """Run the call on `link` until it ends, then release the call and the peer connection."""
+async def serve_peer_call(conn: Connection, link: PeerLink, ended: Callable[[], None] | None = None) -> None:
+    """Run the call on `link` until it ends, then release the call and the peer connection. `ended` is called
+    between the two (the SIP dialog sends its BYE there, before the media goes)."""
     try:
         await conn.run()
     except Exception:  # a bug in one call must not take the process (or other calls) down
         log.exception("%s: call failed", link.label)
     finally:
         await conn.cleanup()
+        if ended is not None:
+            ended()
         await link.close()
