@@ -55,8 +55,10 @@ def setup(tmp_path_factory):
             ("observability.replica", "replica-b"), ("paths.data_dir", tmp / "b"), ("calls.greeting", GREETING),
             ("calls.max_reply_tokens", 16), ("server.drain_timeout_s", 120))]
         with server_process(*b_args, wait=False) as (b_base, b_proc):
+            # turn.middle_wait_ms: the end-of-turn decision waits for the remote end probe, which queues behind the
+            # reply on a backend that shares the two cores with both replicas (it landed after the default 1.3 s)
             settings = call_settings(tmp / "a", llm={**remote, "tokenizer": "smollm2-135m-instruct"},
-                                     observability={**store, "replica": "replica-a"},
+                                     observability={**store, "replica": "replica-a"}, turn={"middle_wait_ms": 6000},
                                      calls={"max_reply_tokens": MAX_REPLY_TOKENS, "max_concurrent": 2,
                                             "audiosocket_port": 0})
             with in_process_server(settings) as (a_base, a_app):
