@@ -196,3 +196,13 @@ class FakeEngine:
 
     def history(self, session):
         return [{"role": "system", "content": session.system_prompt}]
+
+
+def fake_call_resources():
+    """A call's `CallResources` with every model scripted: a `FakeEngine`, no Smart Turn, an STT stream that
+    hears nothing and a TTS that speaks at `PER_CHAR` samples a character."""
+    from voicepipe.pipeline import CallResources
+
+    stt = FakeSTTStream([])
+    return CallResources(FakeEngine(), None, SimpleNamespace(open_stream=lambda rate, on_partial=None: stt),
+                         SimpleNamespace(open_stream=lambda rate, turn: FakeSpeech(rate, turn)))

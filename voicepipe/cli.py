@@ -94,7 +94,7 @@ def serve(
     app_ = create_app(settings)
     app_.state.runtime.model_paths()  # fail fast, with one clear line, when a model is missing
     uvicorn.run(app_, host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level)
+                log_level=settings.server.log_level, ws_max_size=settings.calls.max_frame_bytes)
 
 
 @app.command()

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from voicepipe import __version__
+from voicepipe.auth import check_http_token
 from voicepipe.config import Settings
 from voicepipe.llm.api import create_openai_router
 from voicepipe.observability.api import close_call_store, create_calls_api_router, open_call_store
@@ -76,7 +77,8 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
 
 
 def _mount_metrics(app: FastAPI) -> None:
-    """GET /metrics (Prometheus text); the metrics observe the calls and the engine's requests."""
+    """GET /metrics (Prometheus text, behind `calls.auth_token`); the metrics observe the calls and the engine's
+    requests."""
     from voicepipe.observability.metrics import Metrics
 
     runtime: Runtime = app.state.runtime
@@ -92,6 +94,7 @@ def _mount_metrics(app: FastAPI) -> None:
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus_metrics(request: Request) -> Response:  # sync: FastAPI runs it in a worker thread (engine lock)
+        check_http_token(request)  # the figures reveal the live calls and the engine's state
         body, content_type = metrics.render(request.headers.get("accept"))
         return Response(body, headers={"Content-Type": content_type})
 
@@ -114,7 +117,8 @@ def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                          ws_max_size=settings.calls.max_frame_bytes))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

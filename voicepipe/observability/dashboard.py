@@ -192,7 +192,7 @@ def _router() -> APIRouter:
 
     @router.get("/dashboard/calls/{call_id}", response_class=HTMLResponse)
     async def call_page(call_id: str, request: Request) -> HTMLResponse:
-        store = call_store(request)
+        store = call_store(request, call_id)
         call = await asyncio.to_thread(store.get_call, call_id)
         if call is None:
             raise HTTPException(404, f"no call {call_id!r} in the store")

@@ -15,6 +15,7 @@ import threading
 
 from voicepipe.pipeline import call_resources
 from voicepipe.transports.connection import Connection
+from voicepipe.transports.limits import TooManyConnections
 from voicepipe.transports.serializers import make_serializer
 from voicepipe.transports.serializers.audiosocket import KIND_HANGUP, encode_message
 
@@ -59,16 +60,32 @@ class TCPLink:
 
 async def handle_audiosocket(app, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     link = TCPLink(reader, writer)
+    peer = writer.get_extra_info("peername")
+    address = peer[0] if isinstance(peer, tuple) and peer else "unknown"
+    try:
+        with app.state.client_slots.slot(address):
+            await _serve(app, link)
+    except TooManyConnections as exc:
+        log.warning("audiosocket: refused a connection: %s", exc)
+        await _refuse(link)
+
+
+async def _refuse(link: TCPLink) -> None:
+    with contextlib.suppress(Exception):
+        await link.send_bytes(encode_message(KIND_HANGUP))
+    await link.close()
+
+
+async def _serve(app, link: TCPLink) -> None:
     try:
         resources = await asyncio.to_thread(call_resources, app.state.runtime)
     except Exception as exc:
         log.warning("audiosocket: call refused: %s", exc)
-        with contextlib.suppress(Exception):
-            await link.send_bytes(encode_message(KIND_HANGUP))
-        await link.close()
+        await _refuse(link)
         return
-    conn = Connection(link, "audiosocket", make_serializer("audiosocket"), app.state.settings, resources,
-                      app.state.calls, app.state.observers)
+    settings = app.state.settings
+    serializer = make_serializer("audiosocket", max_frame_bytes=settings.calls.max_frame_bytes)
+    conn = Connection(link, "audiosocket", serializer, settings, resources, app.state.calls, app.state.observers)
     try:
         await conn.run()
     except Exception:

@@ -25,6 +25,7 @@ from voicepipe.auth import check_http_token
 from voicepipe.pipeline import call_resources
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import ProtocolError
+from voicepipe.transports.limits import TooManyConnections, client_address
 from voicepipe.transports.serializers.native import NativeSerializer
 from voicepipe.transports.webrtc.link import PeerLink
 
@@ -57,14 +58,29 @@ def create_webrtc_router(app: FastAPI) -> APIRouter:
         except BadOffer as exc:
             log.warning("webrtc: bad offer from %s: %s", request.client.host if request.client else "?", exc)
             raise HTTPException(400, str(exc)) from None
+        slots, address = request.app.state.client_slots, client_address(request.client)
         try:
-            resources = await asyncio.to_thread(call_resources, request.app.state.runtime)
-        except Exception as exc:
-            log.warning("webrtc: call refused: %s", exc)
-            raise HTTPException(503, "not ready: models are loading") from None
-        return await answer(request.app, body["sdp"], start, resources)
+            slots.acquire(address)  # held until the peer call ends (_serve)
+        except TooManyConnections as exc:
+            log.warning("webrtc: refused an offer: %s", exc)
+            raise HTTPException(429, str(exc)) from None
+        try:
+            return await _start_call(request.app, body["sdp"], start, lambda: slots.release(address))
+        except BaseException:
+            slots.release(address)
+            raise
 
     return router
+
+
+async def _start_call(app, sdp: str, start: dict[str, Any], on_end) -> dict:
+    """The call's resources (503 while the models load), then `answer`."""
+    try:
+        resources = await asyncio.to_thread(call_resources, app.state.runtime)
+    except Exception as exc:
+        log.warning("webrtc: call refused: %s", exc)
+        raise HTTPException(503, "not ready: models are loading") from None
+    return await answer(app, sdp, start, resources, on_end)
 
 
 def ice_servers_json(settings) -> list[dict[str, Any]]:
@@ -129,8 +145,9 @@ def peer_connection(settings) -> RTCPeerConnection:
     return RTCPeerConnection(RTCConfiguration(iceServers=servers))
 
 
-async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
-    """Apply the offer, start the call in the background, and return the answer."""
+async def answer(app, sdp: str, start: dict[str, Any], resources, on_end) -> dict:
+    """Apply the offer, start the call in the background, and return the answer; `on_end()` runs once the call
+    has ended (only when this returns: on an error the caller still owns what `on_end` releases)."""
     pc = peer_connection(app.state.settings)
     label = f"webrtc {start['call_id']}"
     link = PeerLink(pc, start, label)
@@ -141,12 +158,18 @@ async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
         await link.close()
         log.warning("webrtc: %s: offer rejected: %s", label, exc)
         raise HTTPException(400, f"cannot apply the SDP offer: {exc}"[:200]) from None
-    conn = Connection(link, "webrtc", NativeSerializer(), app.state.settings, resources, app.state.calls,
-                      app.state.observers)
+    settings = app.state.settings
+    conn = Connection(link, "webrtc", NativeSerializer(max_frame_bytes=settings.calls.max_frame_bytes), settings,
+                      resources, app.state.calls, app.state.observers)
     task = asyncio.create_task(_serve(conn, link), name=f"webrtc-{start['call_id']}")
     calls: dict = app.state.webrtc_calls
     calls[task] = link
-    task.add_done_callback(lambda t: calls.pop(t, None))
+
+    def ended(t: asyncio.Task) -> None:
+        calls.pop(t, None)
+        on_end()
+
+    task.add_done_callback(ended)
     local = pc.localDescription
     return {"sdp": local.sdp, "type": local.type, "call_id": start["call_id"]}
 
