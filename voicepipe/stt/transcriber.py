@@ -426,7 +426,20 @@ class Transcriber:
         if not work:
             return
         start = time.perf_counter()
-        results = self._decode([w[2] for w in work], [w[0].context for w in work])
+        try:
+            results = self._decode([w[2] for w in work], [w[0].context for w in work])
+        except Exception:
+            if len(work) == 1:
+                raise
+            # A fault in one stream's decode must not cost the streams batched with it their partials: each
+            # decodes alone, and only the faulty one's fails (the worker logs it).
+            log.exception("STT partial batch of %d streams failed; decoding them one at a time", len(work))
+            for stream, *_ in work:
+                try:
+                    self._run_partials([stream])
+                except Exception:
+                    log.exception("STT partial of stream %d failed", stream.id)
+            return
         ms = (time.perf_counter() - start) * 1000
         for (stream, turn, audio, rolled), result in zip(work, results, strict=True):
             if turn.rolled != rolled:  # the turn moved on to a new 30 s segment meanwhile
