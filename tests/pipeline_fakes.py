@@ -149,6 +149,12 @@ class FakeGeneration:
         self.engine.pauses.append(("resume",))
 
 
+class FakeSession(SimpleNamespace):
+    """An LLM session's stand-in, hashable and weakly referable by identity (as the metrics hold sessions)."""
+
+    __hash__ = object.__hash__
+
+
 class FakeEngine:
     def __init__(self, reply: str = "Hello there my good friend.") -> None:
         self.reply = reply
@@ -166,7 +172,7 @@ class FakeEngine:
         self.probes: list[bool] = []  # each generate's end_probe
 
     def open_session(self, system_prompt=None):
-        self.session = SimpleNamespace(system_prompt=system_prompt, busy=False, closed=False, marks=[])
+        self.session = FakeSession(system_prompt=system_prompt, busy=False, closed=False, marks=[])
         return self.session
 
     def generate(self, session, messages, **kw):

@@ -87,7 +87,8 @@ def _mount_metrics(app: FastAPI) -> None:
     def call_session(call_id: str):
         return getattr(calls.active.get(call_id), "session", None)
 
-    metrics = Metrics(engine=lambda: runtime.engine, call_session=call_session)
+    metrics = Metrics(engine=lambda: runtime.engine, call_session=call_session,
+                      call_store=lambda: getattr(app.state, "call_store", None))
     app.state.metrics = metrics
     app.state.observers.add(metrics)
     runtime.request_listeners.append(metrics.request_finished)
