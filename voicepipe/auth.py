@@ -12,9 +12,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Path, Request
 
 TELNYX_AUTH_HEADER = "x-telnyx-streaming-auth-token"
 
@@ -80,6 +81,11 @@ def twilio_signature_ok(auth_token: str, url: str, headers) -> bool:
         return False
     return any(hmac.compare_digest(offered.encode(), twilio_signature(auth_token, candidate).encode())
                for candidate in _url_variants(url))
+
+
+# A call id in a path, as the OpenAPI description states it (`check_path_call_id` checks it again in the code)
+CallIdPath = Annotated[str, Path(min_length=1, max_length=MAX_CALL_ID_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$",
+                                 description="a call's id: 1 to 128 characters, none a control character")]
 
 
 def is_call_id(value: str) -> bool:

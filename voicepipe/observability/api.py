@@ -13,8 +13,9 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 
-from voicepipe.auth import check_http_token, check_path_call_id
+from voicepipe.auth import CallIdPath, check_http_token, check_path_call_id
 from voicepipe.config import Settings
+from voicepipe.http_errors import error_responses
 from voicepipe.observability.recorder import recording_dir
 from voicepipe.observability.store import CallStore
 
@@ -74,7 +75,7 @@ def recording_path(settings: Settings, call_id: str) -> Path | None:
 
 
 def create_calls_api_router() -> APIRouter:
-    router = APIRouter(prefix="/api")
+    router = APIRouter(prefix="/api", responses=error_responses(400, 401, 404, 503))
 
     @router.get("/calls")
     async def list_calls(request: Request, since: float | None = None, until: float | None = None,
@@ -85,7 +86,7 @@ def create_calls_api_router() -> APIRouter:
         return {"calls": calls}
 
     @router.get("/calls/{call_id}")
-    async def get_call(call_id: str, request: Request) -> dict:
+    async def get_call(call_id: CallIdPath, request: Request) -> dict:
         store = call_store(request, call_id)
         call = await asyncio.to_thread(store.get_call, call_id)
         if call is None:
@@ -93,8 +94,9 @@ def create_calls_api_router() -> APIRouter:
         call["recording"] = recording_path(request.app.state.settings, call_id) is not None
         return call
 
-    @router.get("/calls/{call_id}/recording.wav")
-    async def recording(call_id: str, request: Request) -> FileResponse:
+    @router.get("/calls/{call_id}/recording.wav", response_class=FileResponse,
+                responses={200: {"description": "The stereo WAV", "content": {"audio/wav": {}}}})
+    async def recording(call_id: CallIdPath, request: Request) -> FileResponse:
         check_http_token(request)
         check_path_call_id(call_id)
         path = recording_path(request.app.state.settings, call_id)

@@ -14,7 +14,8 @@ import logging
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request, WebSocket
 
-from voicepipe.auth import check_http_token, check_path_call_id, token_ok, twilio_signature_ok
+from voicepipe.auth import CallIdPath, check_http_token, check_path_call_id, token_ok, twilio_signature_ok
+from voicepipe.http_errors import error_responses
 from voicepipe.pipeline import CallRegistry, call_resources
 from voicepipe.pipeline.resources import warm_up_in_background
 from voicepipe.transports.audiosocket_server import start_audiosocket_listener
@@ -34,7 +35,7 @@ def create_call_router(app: FastAPI) -> APIRouter:
     warm_up_in_background(app.state.runtime)
     if app.state.settings.calls.audiosocket_port is not None:
         start_audiosocket_listener(app)
-    router = APIRouter()
+    router = APIRouter(responses=error_responses(400, 401, 404))
 
     @router.websocket("/ws")
     async def native(ws: WebSocket) -> None:
@@ -49,7 +50,7 @@ def create_call_router(app: FastAPI) -> APIRouter:
         return request.app.state.calls.summary()
 
     @router.get("/calls/{call_id}")
-    async def get_call(call_id: str, request: Request) -> dict:
+    async def get_call(call_id: CallIdPath, request: Request) -> dict:
         check_http_token(request)
         check_path_call_id(call_id)
         calls = request.app.state.calls

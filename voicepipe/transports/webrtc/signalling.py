@@ -22,6 +22,7 @@ from aiortc.sdp import SessionDescription
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from voicepipe.auth import check_http_token
+from voicepipe.http_errors import error_responses
 from voicepipe.pipeline import call_resources
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import ProtocolError
@@ -33,6 +34,13 @@ log = logging.getLogger(__name__)
 
 MAX_OFFER_BYTES = 64 * 1024
 START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy")
+# The body, for the OpenAPI description (parse_offer reads it itself: its checks are the ones that count)
+OFFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["sdp", "type"], "properties": {
+        "sdp": {"type": "string"}, "type": {"type": "string", "enum": ["offer"]},
+        "call_id": {"type": "string", "maxLength": 128}, "system_prompt": {"type": "string"},
+        "greeting": {"type": ["string", "null"]}, "metadata": {"type": "object"},
+        "turn_policy": {"type": "string"}}}}}}}
 
 
 class BadOffer(ValueError):
@@ -42,7 +50,7 @@ class BadOffer(ValueError):
 def create_webrtc_router(app: FastAPI) -> APIRouter:
     """The WebRTC endpoints; live peer calls are kept on `app.state.webrtc_calls`."""
     app.state.webrtc_calls = {}  # task -> its PeerLink
-    router = APIRouter()
+    router = APIRouter(responses=error_responses(400, 401, 429, 503))
 
     @router.get("/webrtc/config")
     async def config(request: Request) -> dict:
@@ -50,7 +58,7 @@ def create_webrtc_router(app: FastAPI) -> APIRouter:
         check_http_token(request)
         return {"iceServers": ice_servers_json(request.app.state.settings)}
 
-    @router.post("/webrtc/offer")
+    @router.post("/webrtc/offer", openapi_extra=OFFER_BODY)
     async def offer(request: Request) -> dict:
         check_http_token(request)
         try:
