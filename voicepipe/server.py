@@ -62,7 +62,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", responses={503: {"description": "The models are loading, or failed to"}})
     async def ready() -> JSONResponse:
         body = {"ready": runtime.ready, "load_seconds": runtime.load_seconds}
         if runtime.load_error:
@@ -129,6 +129,7 @@ def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[
             return f"the server could not load its models: {error}" if error else None
 
         wait_until_ready(base, ready_timeout, failure)
+        app.state.serve_loop = server.servers[0].get_loop()  # for benches that look inside (bench soak)
         yield base, app
     finally:
         server.should_exit = True

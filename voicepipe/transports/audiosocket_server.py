@@ -103,6 +103,7 @@ def start_audiosocket_listener(app) -> threading.Thread:
     def run() -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        app.state.audiosocket_loop = loop
 
         async def main() -> None:
             server = await asyncio.start_server(lambda r, w: handle_audiosocket(app, r, w), settings.server.host,

@@ -32,9 +32,10 @@ class ClientSlots:
         self._held: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def held(self, address: str) -> int:
+    def held(self, address: str | None = None) -> int:
+        """The slots `address` holds (every address's, without one)."""
         with self._lock:
-            return self._held[address]
+            return self._held[address] if address is not None else sum(self._held.values())
 
     def acquire(self, address: str) -> None:
         """Take a slot for `address`; raises `TooManyConnections` when it has none left."""
