@@ -94,9 +94,10 @@ class Faults:
     async def arm(self, call_id: str, worker: str) -> None:
         """Once the call is live (its greeting plays first): fault its STT stream, its replies' speech or its LLM
         session from now on."""
-        while call_id not in self.app.state.calls.active:
+        calls = self.app.state.calls.active
+        while call_id not in calls or calls[call_id].stt is None:  # listed, then started: its STT and LLM session
             await asyncio.sleep(0.01)
-        call = self.app.state.calls.active[call_id]
+        call = calls[call_id]
         if worker == "stt":
             call.stt.context = list(call.stt.context)  # its own object, so that only this stream's decodes fail
             self.stt_contexts.append(call.stt.context)

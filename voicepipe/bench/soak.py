@@ -4,8 +4,9 @@ abrupt hang-ups and bad frames mixed in, and the process's resources counted bef
 
 The figures, each read with the server idle: RSS, open file descriptors, OS threads, asyncio tasks on the server's
 loops, KV blocks in use, LLM sessions, STT and TTS streams still in memory, live calls, WebRTC peers and held
-connection slots. Three snapshots: `cold` (before any call), `warm` (after the first wave: the pools, caches and
-lazily made threads exist from here on) and `after` (after the last wave). The bounds hold `after` against
+connection slots. Three snapshots: `cold` (before any call), `warm` (after the warm-up: the waves that give every
+transport its first call; each transport's first call builds what later ones reuse: its codecs, resamplers and model
+input shapes, pools and threads) and `after` (after the last wave). The bounds hold `after` against
 `warm`: the counts come back to exactly their warm values, threads to at most theirs (the event loops' executor
 threads within their pools' bound instead), and RSS grows by at most `RSS_GROWTH_MB`. Resources are released
 asynchronously (a peer connection's teardown, a socket's close), so each snapshot is taken once the counts settle
@@ -22,9 +23,11 @@ import asyncio
 import gc
 import json
 import os
+import re
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +40,7 @@ from voicepipe.server import serve_in_thread
 from voicepipe.transports.serializers.audiosocket import encode_message
 
 WAVE = 4
-# The first wave (the warm-up) has a call on each kind of link (WebRTC, TCP, the native and a provider's WebSocket):
-# their first calls load what every later one reuses (aiortc's codecs, the AudioSocket loop's executor).
+# In turn; the first wave has a call on each kind of link (WebRTC, TCP, the native and a provider's WebSocket).
 TRANSPORTS = ("webrtc", "audiosocket", "native", "twilio", "telnyx", "plivo", "vonage", "exotel")
 KINDS = ("normal", "barge_in", "bad_frames", "abrupt")
 RSS_GROWTH_MB = 50.0
@@ -46,9 +48,11 @@ SETTLE_S = 30.0
 EXACT = ("fds", "tasks", "kv_blocks_used", "llm_sessions", "stt_streams", "tts_streams", "live_calls",
          "webrtc_peers", "connection_slots")  # back to exactly their warm value
 AT_MOST = ("other_threads",)  # back to at most their warm value
-# The server's two event loops (uvicorn's, AudioSocket's) each start default-executor threads ("asyncio_N") as
-# `to_thread` calls overlap, up to asyncio's bound, and keep them: they may grow after the warm-up without leaking.
+# The server's two event loops (uvicorn's, a uvloop, and AudioSocket's) each start default-executor threads
+# ("uvloop_N", "asyncio_N") as `to_thread` calls overlap, up to the pool's bound, and keep them: they may grow after
+# the warm-up without leaking.
 EXECUTOR_THREADS_MAX = 2 * min(32, (os.cpu_count() or 1) + 4)
+EXECUTOR_PREFIXES = ("asyncio_", "uvloop")
 # The soak's server: short greedy replies after a short greeting (the turns, not the words, are under test), and an
 # AudioSocket listener on a free port.
 SOAK_SETTINGS = {"calls": {"greeting": "Hi, how can I help?", "max_reply_tokens": 24, "temperature": 0.0,
@@ -107,13 +111,18 @@ def _tasks(loop: asyncio.AbstractEventLoop | None) -> int:
     return asyncio.run_coroutine_threadsafe(count(), loop).result(10)
 
 
+def _thread_names() -> Counter[str]:
+    """The Python threads by name, numbers dropped (what `threads_gained` lists, to tell which pool grew)."""
+    return Counter(re.sub(r"[0-9_-]+$", "", t.name) for t in threading.enumerate())
+
+
 def snapshot(app) -> dict[str, float]:
     """The resources of the process and of the server in `app`, as counted now."""
     gc.collect()  # what is garbage is not a leak
     runtime, state = app.state.runtime, app.state
     stats = runtime.engine.stats()
     threads = _proc_status("Threads")  # the OS's count: native pools (torch, onnxruntime, ...) included
-    executor_threads = sum(t.name.startswith("asyncio_") for t in threading.enumerate())
+    executor_threads = sum(t.name.startswith(EXECUTOR_PREFIXES) for t in threading.enumerate())
     return {
         "rss_mb": round(_proc_status("VmRSS") / 1024, 1),
         "fds": len(os.listdir("/proc/self/fd")),
@@ -270,30 +279,33 @@ def soak(base: str, app, utterances: list[Utterance], calls: int, wave: int = WA
     """`calls` calls in waves of `wave` against the running server at `base` (`app` is its app, in this process).
     The report is flat apart from its lists: the snapshots as `cold.*`, `warm.*`, `after.*`, the bound problems and
     each unhealthy call's problems (both empty when the soak passes), and `passed`."""
-    if calls < wave + 1:
-        raise ValueError(f"a soak needs more than one wave: at least {wave + 1} calls")
+    if calls <= len(TRANSPORTS):
+        raise ValueError(f"a soak warms up with a call on every transport: more than {len(TRANSPORTS)} calls")
     plans = plan_calls(calls)
     cold, _ = settle(app, None)
-    results: list[tuple[PlannedCall, Any]] = []
+    unhealthy: dict[str, list[str]] = {}
+    rss_by_wave: list[float] = []  # right after each wave (not settled): the trend
     warm = None
     started = time.monotonic()
+    warm_after = -(-len(TRANSPORTS) // wave) * wave  # the warm-up: every transport's first call
     for first in range(0, calls, wave):
         batch = plans[first:first + wave]
         outcomes = asyncio.run(_wave(batch, base, app, utterances))
-        results += list(zip(batch, outcomes, strict=True))
+        for plan, outcome in zip(batch, outcomes, strict=True):  # the results go: the soak keeps no call's audio
+            problems = call_problems(plan, outcome, 1 if plan.kind == "abrupt" else len(utterances))
+            if problems:
+                unhealthy[f"soak-{plan.index}-{plan.transport}/{plan.kind}"] = problems
+        del outcomes
+        rss_by_wave.append(round(_proc_status("VmRSS") / 1024, 1))
         progress(f"wave {first // wave + 1}: calls {first + 1}-{first + len(batch)} "
-                 f"({', '.join(f'{p.transport}/{p.kind}' for p in batch)})")
-        if warm is None:
+                 f"({', '.join(f'{p.transport}/{p.kind}' for p in batch)}), RSS {rss_by_wave[-1]} MB")
+        if warm is None and first + wave >= warm_after:
             warm, warm_s = settle(app, None)
+            warm_threads = _thread_names()
             progress(f"warm: {_line(warm)} (settled in {warm_s} s)")
     seconds = time.monotonic() - started
     after, after_s = settle(app, warm)
     progress(f"after: {_line(after)} (settled in {after_s} s)")
-    unhealthy = {}
-    for plan, outcome in results:
-        problems = call_problems(plan, outcome, 1 if plan.kind == "abrupt" else len(utterances))
-        if problems:
-            unhealthy[f"soak-{plan.index}-{plan.transport}/{plan.kind}"] = problems
     bounds = bound_problems(after, warm)
     report: dict[str, Any] = {
         "calls": calls, "wave": wave, "seconds": round(seconds, 1), "healthy_calls": sum(p.healthy for p in plans),
@@ -302,7 +314,9 @@ def soak(base: str, app, utterances: list[Utterance], calls: int, wave: int = WA
         **{f"{name}.{k}": v for name, snap in (("cold", cold), ("warm", warm), ("after", after))
            for k, v in snap.items()},
         "rss_growth_mb": round(after["rss_mb"] - warm["rss_mb"], 1), "rss_growth_bound_mb": RSS_GROWTH_MB,
-        "after_settle_s": after_s, "bound_problems": bounds, "unhealthy_calls": unhealthy,
+        "after_settle_s": after_s, "rss_mb_by_wave": rss_by_wave, "warmup_calls": min(warm_after, calls),
+        "threads_gained": sorted((_thread_names() - warm_threads).elements()), "bound_problems": bounds,
+        "unhealthy_calls": unhealthy,
         "healthy_calls_lost": len([k for k in unhealthy if not k.endswith("/abrupt")]),
     }
     report["passed"] = not bounds and not unhealthy
