@@ -93,8 +93,10 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app_ = create_app(settings)
     app_.state.runtime.model_paths()  # fail fast, with one clear line, when a model is missing
+    from voicepipe.transports.limits import ws_max_size
+
     uvicorn.run(app_, host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level, ws_max_size=settings.calls.max_frame_bytes)
+                log_level=settings.server.log_level, ws_max_size=ws_max_size(settings.calls.max_frame_bytes))
 
 
 @app.command()

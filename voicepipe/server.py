@@ -20,6 +20,7 @@ from voicepipe.observability.hooks import Observers
 from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
+from voicepipe.transports.limits import ws_max_size
 from voicepipe.transports.webrtc import create_webrtc_router, hang_up_webrtc_calls
 from voicepipe.web import mount_softphone
 
@@ -119,7 +120,7 @@ def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                          ws_max_size=settings.calls.max_frame_bytes))
+                                          ws_max_size=ws_max_size(settings.calls.max_frame_bytes)))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

@@ -14,6 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 BURST_S = 2.0  # a connection may send this many seconds' worth of messages at once (a network stall's backlog)
+# uvicorn's `ws_max_size`: a frame up to this many times `calls.max_frame_bytes` reaches the serializer, which
+# refuses it with its own reason ("oversize: N bytes > M") and a log line; the WebSocket layer refuses a bigger one
+# before it is buffered whole (also 1009, with its own reason and no line of ours).
+WS_MAX_SIZE_FACTOR = 4
+
+
+def ws_max_size(max_frame_bytes: int) -> int:
+    return WS_MAX_SIZE_FACTOR * max_frame_bytes
 
 
 class TooManyConnections(Exception):
