@@ -1,5 +1,7 @@
 # voicepipe for a GPU host. Build:  docker build -t voicepipe .
 # Run:    docker run --gpus all -p 8000:8000 voicepipe
+# Read-only root filesystem:  docker run --gpus all --read-only --tmpfs /tmp -v voicepipe-data:/app/data \
+#           -v voicepipe-recordings:/app/recordings -p 8000:8000 voicepipe
 # The default models are fetched at build time into /app/models; to reuse models fetched elsewhere,
 # mount them instead:  docker run --gpus all -v $PWD/models:/app/models -p 8000:8000 voicepipe
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
@@ -16,6 +18,9 @@ USER voicepipe
 
 # CUDA build of torch; everything else as pinned in pyproject.toml.
 RUN make install models TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# What the server writes (paths.data_dir, paths.recordings_dir), owned by the user, so that volumes mounted there
+# are too: the root filesystem can then be read-only (README, Security).
+RUN mkdir -p /app/data /app/recordings
 
 ENV VOICEPIPE_SERVER__HOST=0.0.0.0 VOICEPIPE_DEVICE__DEVICE=cuda
 EXPOSE 8000

@@ -152,6 +152,12 @@ class FakeGeneration:
         self.engine.pauses.append(("resume",))
 
 
+class FakeSession(SimpleNamespace):
+    """An LLM session's stand-in, hashable and weakly referable by identity (as the metrics hold sessions)."""
+
+    __hash__ = object.__hash__
+
+
 class FakeEngine:
     def __init__(self, reply: str = "Hello there my good friend.") -> None:
         self.reply = reply
@@ -170,7 +176,7 @@ class FakeEngine:
         self.probes: list[bool] = []  # each generate's end_probe
 
     def open_session(self, system_prompt=None):
-        self.session = SimpleNamespace(system_prompt=system_prompt, busy=False, closed=False, marks=[])
+        self.session = FakeSession(system_prompt=system_prompt, busy=False, closed=False, marks=[])
         return self.session
 
     def generate(self, session, messages, **kw):
@@ -200,3 +206,13 @@ class FakeEngine:
 
     def history(self, session):
         return [{"role": "system", "content": session.system_prompt}]
+
+
+def fake_call_resources():
+    """A call's `CallResources` with every model scripted: a `FakeEngine`, no Smart Turn, an STT stream that
+    hears nothing and a TTS that speaks at `PER_CHAR` samples a character."""
+    from voicepipe.pipeline import CallResources
+
+    stt = FakeSTTStream([])
+    return CallResources(FakeEngine(), None, SimpleNamespace(open_stream=lambda rate, on_partial=None: stt),
+                         SimpleNamespace(open_stream=lambda rate, turn: FakeSpeech(rate, turn)))

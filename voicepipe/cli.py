@@ -427,6 +427,31 @@ def bench_fuzz(
         raise typer.Exit(1)
 
 
+@bench_app.command("soak")
+def bench_soak(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
+    calls: Annotated[int, typer.Option(min=5, help="Calls in all (the first wave warms up).")] = 50,
+    wave: Annotated[int, typer.Option(min=1, help="Calls at once.")] = 4,
+) -> None:
+    """Churn: calls in waves over every call link (barge-ins, abrupt hang-ups, bad frames mixed in) through the
+    real models; RSS, fds, threads, tasks, KV blocks, sessions and streams before and after; exits 1 unless every
+    bound held and no healthy call lost audio or a turn."""
+    from voicepipe.bench.soak import run_soak
+
+    report = run_soak(settings_with(), calls, wave, progress=lambda line: err_console.print(line, highlight=False))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    console.print(f"{calls} calls in {report['seconds']} s; RSS {report['warm.rss_mb']} -> {report['after.rss_mb']} MB "
+                  f"after warm-up (+{report['rss_growth_mb']}, bound {report['rss_growth_bound_mb']:g}); "
+                  f"healthy calls that lost audio or turns: {report['healthy_calls_lost']}")
+    for problem in report["bound_problems"]:
+        console.print(f"bound not held: {problem}", highlight=False)
+    for call_id, problems in report["unhealthy_calls"].items():
+        console.print(f"{call_id}: {'; '.join(problems)}", highlight=False)
+    if not report["passed"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("llm")
 def bench_llm(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,

@@ -234,6 +234,14 @@ class CallSettings(Section):
     # Calls this process takes at once, over every transport; one more is refused the way its transport expects
     # (WebSocket close 1013, WebRTC 503, AudioSocket hangup) and /ready answers 503 while full. None: no limit
     max_concurrent: int | None = Field(None, ge=1, le=100000)
+    # Per connection, on every call link (WebSocket, WebRTC, AudioSocket): a frame over max_frame_bytes closes it
+    # (1009), as does sending more than max_messages_per_s messages a second on average (1008; bursts of 2 s' worth
+    # pass); a client address holding max_connections_per_client live calls gets no more (1013, HTTP 429). 0: off.
+    max_frame_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
+    max_messages_per_s: int = Field(200, ge=0)
+    max_connections_per_client: int = Field(64, ge=0)
+    # Twilio's account auth token: when set, /ws/twilio requires a valid X-Twilio-Signature on the upgrade request
+    twilio_auth_token: SecretStr | None = None
 
 
 class SipAgent(Section):

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from voicepipe import __version__
+from voicepipe.auth import check_http_token
 from voicepipe.config import Settings
 from voicepipe.llm.api import create_openai_router
 from voicepipe.observability.api import close_call_store, create_calls_api_router, open_call_store
@@ -19,6 +20,7 @@ from voicepipe.observability.hooks import Observers
 from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
+from voicepipe.transports.limits import ws_max_size
 from voicepipe.transports.sip import create_sip_router, hang_up_sip_calls
 from voicepipe.transports.webrtc import create_webrtc_router, hang_up_webrtc_calls
 from voicepipe.web import mount_sipphone, mount_softphone
@@ -66,7 +68,7 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", responses={503: {"description": "The models are loading, or failed to"}})
     async def ready() -> JSONResponse:
         """200 while this process takes calls: models loaded, not draining, under calls.max_concurrent."""
         admission = app.state.admission.snapshot()
@@ -85,7 +87,8 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
 
 
 def _mount_metrics(app: FastAPI) -> None:
-    """GET /metrics (Prometheus text); the metrics observe the calls and the engine's requests."""
+    """GET /metrics (Prometheus text, behind `calls.auth_token`); the metrics observe the calls and the engine's
+    requests."""
     from voicepipe.observability.metrics import Metrics
     from voicepipe.observability.metrics_live import AdmissionCollector
 
@@ -95,7 +98,8 @@ def _mount_metrics(app: FastAPI) -> None:
     def call_session(call_id: str):
         return getattr(calls.active.get(call_id), "session", None)
 
-    metrics = Metrics(engine=lambda: runtime.engine, call_session=call_session)
+    metrics = Metrics(engine=lambda: runtime.engine, call_session=call_session,
+                      call_store=lambda: getattr(app.state, "call_store", None))
     metrics.registry.register(AdmissionCollector(app.state.admission.snapshot))
     app.state.metrics = metrics
     app.state.observers.add(metrics)
@@ -103,6 +107,7 @@ def _mount_metrics(app: FastAPI) -> None:
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus_metrics(request: Request) -> Response:  # sync: FastAPI runs it in a worker thread (engine lock)
+        check_http_token(request)  # the figures reveal the live calls and the engine's state
         body, content_type = metrics.render(request.headers.get("accept"))
         return Response(body, headers={"Content-Type": content_type})
 
@@ -119,7 +124,8 @@ def run_server(app: FastAPI, settings: Settings) -> None:
     from voicepipe.drain import DrainingServer
 
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                            log_level=settings.server.log_level)
+                            log_level=settings.server.log_level,
+                            ws_max_size=ws_max_size(settings.calls.max_frame_bytes))
     DrainingServer(config, app.state.admission, settings.server.drain_timeout_s).run()
 
 
@@ -136,7 +142,8 @@ def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                          ws_max_size=ws_max_size(settings.calls.max_frame_bytes)))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -146,6 +153,7 @@ def serve_in_thread(settings: Settings, ready_timeout: float = 300) -> Iterator[
             return f"the server could not load its models: {error}" if error else None
 
         wait_until_ready(base, ready_timeout, failure)
+        app.state.serve_loop = server.servers[0].get_loop()  # for benches that look inside (bench soak)
         yield base, app
     finally:
         server.should_exit = True

@@ -63,3 +63,18 @@ def test_malformed_json_body_is_400_in_openai_shape():
                                     headers={"content-type": "application/json"})
     assert response.status_code == 400
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_bodies_fastapi_cannot_parse_unknown_paths_and_methods_answer_in_openai_shape_under_v1():
+    """Found by schemathesis: a body that is not UTF-8 got FastAPI's {"detail": ...} (an OpenAI client reads
+    error.message). Outside /v1 FastAPI's own shape stays."""
+    client = TestClient(create_app(load_settings(), load_models=False))
+    not_utf8 = client.post("/v1/chat/completions", content=b"\xb7l\xe0t+j",
+                           headers={"content-type": "application/json"})
+    unknown = client.get("/v1/nothing-here")
+    method = client.delete("/v1/models")
+    for response, status in ((not_utf8, 400), (unknown, 404), (method, 405)):
+        assert response.status_code == status
+        assert response.json()["error"]["type"] == "invalid_request_error" and response.json()["error"]["message"]
+    assert method.headers["allow"] == "GET"
+    assert client.get("/api/calls/x/y/z").json() == {"detail": "Not Found"}

@@ -340,3 +340,39 @@ def test_a_turn_of_speech_with_no_words_is_logged_and_counted(caplog) -> None:
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "no words in 1.00 s of speech (dropped as no speech: 'w0 w1'" in warnings[0]
+
+
+def test_a_decode_that_fails_for_one_stream_costs_the_streams_batched_with_it_nothing(caplog) -> None:
+    """The fake decoder raises whenever the poisoned stream (the one with a prompt) is in the batch."""
+    stt, fake = make(partial_interval_ms=100)
+    real = fake.decode_batch
+
+    def decode_batch(audios, contexts, prefixes):
+        fake.gate.wait(5)
+        if [1] in contexts:
+            raise RuntimeError("injected decode fault")
+        return real(audios, contexts, prefixes)
+
+    fake.decode_batch = decode_batch
+    partials: dict[str, list] = {"poisoned": [], "healthy": []}
+    poisoned = stt.open_stream(16000, initial_prompt="poison", on_partial=partials["poisoned"].append)
+    healthy = stt.open_stream(16000, on_partial=partials["healthy"].append)
+    fake.gate.clear()
+    stt.open_stream(16000).push(loud(0.3))  # the worker takes this one and waits at the gate...
+    time.sleep(0.1)
+    for stream in (poisoned, healthy):  # ...so these two partial requests wait together: one batch
+        stream.push(loud(0.3))
+    time.sleep(0.1)
+    fake.gate.set()
+    deadline = time.monotonic() + 5
+    while not partials["healthy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert partials["healthy"] and not partials["poisoned"]
+    assert healthy.finish().result(timeout=5).text == "w0 w1 w2"
+    assert "one at a time" in caplog.text
+    final = poisoned.finish()
+    assert isinstance(final.exception(timeout=5), RuntimeError)  # the poisoned stream's final fails, reported
+    again = stt.open_stream(16000)
+    again.push(loud(0.2))
+    assert again.finish().result(timeout=5).text == "w0 w1"  # and the worker serves on
+    stt.close()

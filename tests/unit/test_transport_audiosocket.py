@@ -62,6 +62,17 @@ def test_nothing_is_read_after_hangup():
     assert [type(e) for e in events] == [Start, Stop] and parser.closed
 
 
+def test_nothing_is_read_after_a_fatal_error_wherever_the_stream_is_cut():
+    """Found by `voicepipe bench fuzz` (audiosocket.stream, 100,000 examples): a UUID message of the wrong size (fatal)
+    fed on its own, then a hangup in the next read, gave a Stop that the same bytes in one read did not."""
+    data = encode_message(0x01) + b"\x00\x00\x00" + encode_message(0x01, CALL.bytes)
+    whole = AudioSocketSerializer().decode_safe(data)
+    parser = AudioSocketSerializer()
+    first, rest = parser.decode_safe(data[:3]), parser.decode_safe(data[3:])
+    assert [e.kind for e in whole.errors] == [e.kind for e in first.errors] == ["bad_start"] and parser.closed
+    assert whole.events == first.events == rest.events == [] and not rest.errors
+
+
 def test_a_higher_rate_type_switches_both_directions():
     parser = AudioSocketSerializer()
     parser.decode(encode_message(0x01, CALL.bytes))

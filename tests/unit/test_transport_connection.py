@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from tests.pipeline_fakes import FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream
+from tests.pipeline_fakes import FakeDetector, fake_call_resources
 from voicepipe.config import Settings
-from voicepipe.pipeline import CallRegistry, CallResources, CallSession
+from voicepipe.pipeline import CallRegistry, CallSession
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.serializers import make_serializer
 
@@ -50,12 +49,6 @@ class DeafSocket:
         self.closed_with = (code, reason)
 
 
-def resources() -> CallResources:
-    stt = FakeSTTStream([])
-    return CallResources(FakeEngine(), None, SimpleNamespace(open_stream=lambda rate, on_partial=None: stt),
-                         SimpleNamespace(open_stream=lambda rate, turn: FakeSpeech(rate, turn)))
-
-
 @pytest.fixture(autouse=True)
 def scripted_vad(monkeypatch):
     monkeypatch.setattr(CallSession, "_make_detector", lambda self: FakeDetector())
@@ -64,7 +57,7 @@ def scripted_vad(monkeypatch):
 def test_a_hung_up_call_leaves_the_live_calls_before_the_goodbye_flush_ends() -> None:
     async def main():
         ws, registry = DeafSocket(), CallRegistry()
-        conn = Connection(ws, "twilio", make_serializer("twilio"), Settings(), resources(), registry)
+        conn = Connection(ws, "twilio", make_serializer("twilio"), Settings(), fake_call_resources(), registry)
         run = asyncio.create_task(conn.run())
         await ws.inbound.put(twilio_frame("start"))
         await asyncio.wait_for(ws.send_blocked.wait(), 5)  # the greeting's audio is stuck in the send
@@ -88,8 +81,8 @@ def test_a_hung_up_call_leaves_the_live_calls_before_the_goodbye_flush_ends() ->
 
 def test_finishing_an_old_call_twice_leaves_a_new_call_with_its_id_live() -> None:
     settings = Settings()
-    old = CallSession(resources(), settings, None, input_rate=8000, call_id="CA1")
-    new = CallSession(resources(), settings, None, input_rate=8000, call_id="CA1")
+    old = CallSession(fake_call_resources(), settings, None, input_rate=8000, call_id="CA1")
+    new = CallSession(fake_call_resources(), settings, None, input_rate=8000, call_id="CA1")
     registry = CallRegistry()
     registry.add(old)
     registry.finish(old)

@@ -8,7 +8,7 @@ Every message comes from the provider's caller serializer in transports/serializ
 the server never imports this room.
 """
 
-from voicepipe.caller.call import TRANSPORTS, call_wav, play_call, run_call
+from voicepipe.caller.call import TRANSPORTS, call_wav, play_call, run_call, scripted_call
 from voicepipe.caller.links import endpoint_url
 from voicepipe.caller.report import CallResult, ClientTurn, format_report, result_summary
 from voicepipe.caller.server_api import fetch_call_record, http_base
@@ -28,6 +28,7 @@ __all__ = [
     "read_wav",
     "result_summary",
     "run_call",
+    "scripted_call",
     "split_utterances",
     "utterance",
     "voiced_span",

@@ -50,7 +50,7 @@ async def run_call(
         await converse(line, utterances, server, greeting_wait_s=greeting_wait_s, reply_timeout_s=reply_timeout_s,
                        quiet_s=quiet_s, barge_in_after_ms=barge_in_after_ms)
 
-    return await _call(url, transport, turns, params=params, token=token, call_id=call_id,
+    return await scripted_call(url, transport, turns, params=params, token=token, call_id=call_id,
                        record_path=record_path, fetch_record=fetch_record, record_url=record_url,
                        sync_with_server=sync_with_server)
 
@@ -77,7 +77,7 @@ async def play_call(
         await play_through(line, audio, rate, server, settle_s=settle_s, quiet_s=quiet_s,
                            reply_timeout_s=reply_timeout_s)
 
-    return await _call(url, transport, turns, params=params, token=token, call_id=call_id,
+    return await scripted_call(url, transport, turns, params=params, token=token, call_id=call_id,
                        record_url=record_url, fetch_record=fetch_record, sync_with_server=fetch_record)
 
 
@@ -90,10 +90,13 @@ async def call_wav(url: str, transport: str, wav: Path, **options: Any) -> CallR
     return await run_call(endpoint_url(url, transport), transport, utterances, **options)
 
 
-async def _call(url: str, transport: str, turns: TurnTaking, *, params: dict[str, Any] | None, token: str | None,
-                call_id: str | None, record_path: Path | None = None, fetch_record: bool = True,
-                record_url: str | None = None, sync_with_server: bool = True) -> CallResult:
-    """Connect as the provider would, run `turns(line, server_state)`, hang up, collect the results."""
+async def scripted_call(url: str, transport: str, turns: TurnTaking, *, params: dict[str, Any] | None = None,
+                        token: str | None = None, call_id: str | None = None, record_path: Path | None = None,
+                        fetch_record: bool = True, record_url: str | None = None,
+                        sync_with_server: bool = True) -> CallResult:
+    """Connect as the provider would, run `turns(line, server_state)`, hang up (unless `turns` closed the line
+    itself: then no stop message is sent), collect the results. `run_call` and `play_call` are two scripts; the
+    soak bench has more (bad frames, abrupt hang-ups)."""
     wire = make_caller_serializer(transport, call_id, params, token)
     result = CallResult(transport, wire.call_id, started=time.monotonic())
     api = http_url(wire, url, record_url)

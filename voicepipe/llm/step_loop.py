@@ -81,12 +81,7 @@ class StepLoop:
                             self.counters["prompt_tokens"] += st.prompt_tokens
                             self.counters["cached_prompt_tokens"] += item.start
                 try:
-                    logits = self.runner.forward(plan.items)
-                    sampled = [it for it in plan.items if it.samples]
-                    tokens = sample(logits[:len(sampled)], [it.request.params for it in sampled],
-                                    [it.request.generator for it in sampled]) if sampled else []
-                    logprobs = _logprobs(logits, tokens, sampled)
-                    end_probs = self._end_probs(logits[len(sampled):]) if logits is not None else []
+                    tokens, end_probs, logprobs = self._run_step(plan.items)
                 except StepAborted:  # a voice request arrived during a flex-only step: plan again, it goes first
                     with self._lock:
                         self._step_abortable = False
@@ -94,11 +89,7 @@ class StepLoop:
                     continue
                 except Exception as exc:  # a failed step fails its requests; the engine carries on
                     log.exception("LLM step failed")
-                    with self._lock:
-                        for item in plan.items:
-                            if item.request is not None:
-                                item.session.drop_kv(self.blocks)
-                                self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
+                    self._isolate_failure(plan.items, exc)
                     continue
                 with self._lock:
                     self._step_abortable = False
@@ -110,6 +101,46 @@ class StepLoop:
                 self._running = False
                 for req in list(self.scheduler.waiting) + list(self.scheduler.running):
                     self._finish(req, "error", EngineStoppedError(f"the LLM engine crashed: {exc}"))
+
+    def _run_step(self, items) -> tuple[list[int], list[float], list | None]:
+        """The model forward over `items`, then sampling: the sampled tokens, the end probes' values and the
+        sampled tokens' logprobs (None when no request asked for them)."""
+        logits = self.runner.forward(items)
+        sampled = [it for it in items if it.samples]
+        tokens = sample(logits[:len(sampled)], [it.request.params for it in sampled],
+                        [it.request.generator for it in sampled]) if sampled else []
+        end_probs = self._end_probs(logits[len(sampled):]) if logits is not None else []
+        return tokens, end_probs, _logprobs(logits, tokens, sampled)
+
+    def _isolate_failure(self, items, exc: Exception) -> None:
+        """A failed step of several requests runs again one request at a time (the items are independent, and
+        nothing of the failed step was committed), so a fault that belongs to one request (its prompt, its
+        constraint) fails that request alone and the others' calls go on; each request that fails alone ends
+        with the error."""
+        with self._lock:
+            self._step_abortable = False  # no abort while the items run alone
+            self.runner.cache.abort_requested = False
+        requests = [item for item in items if item.request is not None]
+        if len(requests) <= 1:
+            self._fail_items(requests, exc)
+            return
+        for item in requests:
+            try:
+                tokens, end_probs, logprobs = self._run_step([item])
+            except Exception as alone:
+                log.error("LLM step failed for request %s alone: %s", item.request.id, alone)
+                self._fail_items([item], alone)
+                continue
+            with self._lock:
+                if item.request.state is not State.FINISHED:
+                    self._after_step([item], tokens, end_probs, logprobs)
+
+    def _fail_items(self, items, exc: Exception) -> None:
+        with self._lock:
+            for item in items:
+                if item.request.state is not State.FINISHED:
+                    item.session.drop_kv(self.blocks)
+                    self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
 
     def _reap(self) -> None:
         """Cancelled and expired requests leave before the next step is planned."""

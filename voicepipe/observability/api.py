@@ -13,8 +13,9 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 
-from voicepipe.auth import check_http_token
+from voicepipe.auth import CallIdPath, check_http_token, check_path_call_id
 from voicepipe.config import Settings
+from voicepipe.http_errors import error_responses
 from voicepipe.observability.recorder import recording_dir
 from voicepipe.observability.store import CallStore
 
@@ -54,9 +55,12 @@ async def close_call_store(app: FastAPI) -> None:
     await asyncio.to_thread(store.close)
 
 
-def call_store(request: Request) -> CallStore:
-    """The app's store, after the token check; 503 when the store is off."""
+def call_store(request: Request, call_id: str | None = None) -> CallStore:
+    """The app's store, after the token check (and the check of `call_id`, from the path); 503 when the store
+    is off."""
     check_http_token(request)
+    if call_id is not None:
+        check_path_call_id(call_id)
     store = getattr(request.app.state, "call_store", None)
     if store is None:
         raise HTTPException(503, "the call store is off (observability.store) or could not open")
@@ -64,13 +68,15 @@ def call_store(request: Request) -> CallStore:
 
 
 def recording_path(settings: Settings, call_id: str) -> Path | None:
-    """The call's stereo WAV if it was recorded (where the recorder puts it: the id made a safe name)."""
-    path = recording_dir(settings.paths.recordings_dir, call_id) / "call.wav"
-    return path if path.is_file() else None
+    """The call's stereo WAV if it was recorded (where the recorder puts it: the id made a safe name, which
+    cannot leave the recordings directory; checked again here, after links are followed)."""
+    root = Path(settings.paths.recordings_dir).resolve()
+    path = (recording_dir(root, call_id) / "call.wav").resolve()
+    return path if path.is_relative_to(root) and path.is_file() else None
 
 
 def create_calls_api_router() -> APIRouter:
-    router = APIRouter(prefix="/api")
+    router = APIRouter(prefix="/api", responses=error_responses(400, 401, 404, 503))
 
     @router.get("/calls")
     async def list_calls(request: Request, since: float | None = None, until: float | None = None,
@@ -81,17 +87,19 @@ def create_calls_api_router() -> APIRouter:
         return {"calls": calls}
 
     @router.get("/calls/{call_id}")
-    async def get_call(call_id: str, request: Request) -> dict:
-        store = call_store(request)
+    async def get_call(call_id: CallIdPath, request: Request) -> dict:
+        store = call_store(request, call_id)
         call = await asyncio.to_thread(store.get_call, call_id)
         if call is None:
             raise HTTPException(404, f"no call {call_id!r} in the store")
         call["recording"] = recording_path(request.app.state.settings, call_id) is not None
         return call
 
-    @router.get("/calls/{call_id}/recording.wav")
-    async def recording(call_id: str, request: Request) -> FileResponse:
+    @router.get("/calls/{call_id}/recording.wav", response_class=FileResponse,
+                responses={200: {"description": "The stereo WAV", "content": {"audio/wav": {}}}})
+    async def recording(call_id: CallIdPath, request: Request) -> FileResponse:
         check_http_token(request)
+        check_path_call_id(call_id)
         path = recording_path(request.app.state.settings, call_id)
         if path is None:
             raise HTTPException(404, f"no recording of call {call_id!r}")

@@ -22,6 +22,8 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from voicepipe.auth import CallIdPath
+from voicepipe.http_errors import error_responses
 from voicepipe.observability.api import MAX_LIMIT, call_store, recording_path
 from voicepipe.observability.waterfall import decision_summary, legend_html, waterfall_svg
 
@@ -162,7 +164,7 @@ def _transcript(call: dict[str, Any]) -> str:
 
 
 def _router() -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(responses=error_responses(400, 401, 404, 503))
 
     @router.get("/dashboard", response_class=HTMLResponse)
     async def calls_page(request: Request, range: Literal["1h", "24h", "7d", "30d", "all"] = "24h",  # noqa: A002
@@ -192,8 +194,8 @@ def _router() -> APIRouter:
         return HTMLResponse(page)
 
     @router.get("/dashboard/calls/{call_id}", response_class=HTMLResponse)
-    async def call_page(call_id: str, request: Request) -> HTMLResponse:
-        store = call_store(request)
+    async def call_page(call_id: CallIdPath, request: Request) -> HTMLResponse:
+        store = call_store(request, call_id)
         call = await asyncio.to_thread(store.get_call, call_id)
         if call is None:
             raise HTTPException(404, f"no call {call_id!r} in the store")

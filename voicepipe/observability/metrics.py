@@ -75,12 +75,15 @@ def turn_bucket(turn: int) -> str:
 class Metrics:
     """The metrics of one app. Register it as a call observer and as the engine's request listener; serve
     `render()` at /metrics. ``engine`` returns the LLM engine or None (not loaded yet); ``call_session`` returns the
-    LLM session of a live call by its id (None if unknown), so the call's requests get its transport."""
+    LLM session of a live call by its id (None if unknown), so the call's requests get its transport; ``call_store``
+    the call store or None (its failed writes are the `store` errors)."""
 
     def __init__(self, engine: Callable[[], Any] = lambda: None,
-                 call_session: Callable[[str], Session | None] = lambda call_id: None) -> None:
+                 call_session: Callable[[str], Session | None] = lambda call_id: None,
+                 call_store: Callable[[], Any] = lambda: None) -> None:
         self.registry = CollectorRegistry()
         self._call_session = call_session
+        self._call_store = call_store
         # LLM session -> its call's transport, noted as the call starts: a request still ending after its call did
         # (cancelled by the hang-up) keeps the label. Entries go with the sessions.
         self._session_transports: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
@@ -118,8 +121,10 @@ class Metrics:
 
     def snapshot(self) -> tuple[list[str], dict[str, int]]:
         """The transports of the calls in progress, and the errors the calls reported (for `LiveCollector`)."""
+        store = self._call_store()
         with self._lock:
-            return list(self.active_calls.values()), dict(self.errors)
+            errors = {**self.errors, "store": store.write_failures} if store is not None else dict(self.errors)
+            return list(self.active_calls.values()), errors
 
     def count_error(self, kind: str) -> None:
         with self._lock:

@@ -35,6 +35,7 @@ ERROR_KINDS = {  # kind -> where it comes from
     "overloaded": "an LLM request was not admitted in time (llm.admission_timeout_s)",
     "turn": "a call's turn failed",
     "call": "a call ended with an error",
+    "store": "a call store write or commit failed (disk full, read-only): those records are lost",
 }
 
 

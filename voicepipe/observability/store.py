@@ -97,6 +97,11 @@ class CallStore:
     def flush(self, timeout: float = 10.0) -> bool:
         return self._writer.flush(timeout)
 
+    @property
+    def write_failures(self) -> int:
+        """Writes and commits that failed since the store opened (disk full, read-only, ...)."""
+        return self._writer.failures
+
     def close(self) -> None:
         """Commit what is queued and close both connections (blocks; call it off the event loop)."""
         self._writer.close()

@@ -1,10 +1,13 @@
 """The call store's one writer thread: statements arrive on a queue and are committed in batches.
 
 The first statement of a batch opens a transaction; the batch commits `flush_interval_s` later (or on
-`flush()` / `close()`), so a crash loses at most that much. A failing statement is logged and skipped; it
-never stops the thread. `maintenance` (the retention sweep) runs in the same thread every
-`maintenance_every_s`, so the database only ever has one writer. A PostgreSQL connection that breaks (the server
-restarted) is opened again with `reconnect` before the next batch; the batch it was in is lost, and logged.
+`flush()` / `close()`), so a crash loses at most that much. A failing statement is skipped and a failing commit
+rolls its batch back; neither stops the thread, so calls go on while the disk is full or read-only. The first
+failure of a run is logged as an error, the return to normal with the count lost meanwhile; `failures` counts
+them all (the `store` kind of `voicepipe_errors_total`). `maintenance` (the retention sweep) runs in the same
+thread every `maintenance_every_s`, so the database only ever has one writer. A PostgreSQL connection that breaks
+(the server restarted) is opened again with `reconnect` before the next batch; the batch it was in is lost, and
+logged.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class StoreWriter:
         self._closed = False
         self.commits = 0  # batches committed (for tests and logs)
         self.statements = 0  # statements executed
+        self.failures = 0  # statements and commits that failed
+        self._failing_since: int | None = None  # `failures` when the current run of failures began
+        self._wrote = False  # a statement of the open batch succeeded
         self._thread = threading.Thread(target=self._run, name="call-store-writer", daemon=True)
         self._thread.start()
 
@@ -115,8 +121,9 @@ class StoreWriter:
                 self._conn.execute("BEGIN")
             store_db.execute_in_batch(self._conn, sql, params)
             self.statements += 1
+            self._wrote = True
         except Exception as exc:  # database errors, and values it cannot bind: skip this one, keep the thread
-            log.error("call store write failed (%s): %s", sql.split("(")[0].strip(), exc)
+            self._failed(f"a write ({sql.split('(')[0].strip()})", exc)
 
     def _check_connection(self) -> None:
         if not getattr(self._conn, "broken", False) or self._reconnect is None:
@@ -134,13 +141,27 @@ class StoreWriter:
     def _commit(self) -> None:
         if not self._conn.in_transaction:
             return
+        wrote, self._wrote = self._wrote, False
         try:
             self._conn.execute("COMMIT")
             self.commits += 1
         except self._errors as exc:
-            log.error("call store commit failed; this batch is lost: %s", exc)
+            self._failed("a commit (its batch is lost)", exc)
             with contextlib.suppress(*self._errors):
                 self._conn.execute("ROLLBACK")
+            return
+        if wrote and self._failing_since is not None:
+            log.warning("call store: writes succeed again; %d writes or commits failed meanwhile",
+                        self.failures - self._failing_since)
+            self._failing_since = None
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """Count a failure; log the first of a run (a full disk fails every write: one line, not thousands)."""
+        if self._failing_since is None:
+            self._failing_since = self.failures
+            log.error("call store: %s failed: %s. Calls go on; their records are lost until the store can write "
+                      "again (disk full or read-only?)", what, exc)
+        self.failures += 1
 
     def _run_maintenance(self) -> None:
         if self._maintenance is None:

@@ -6,7 +6,7 @@ transport = "twilio"            # required: twilio, telnyx, vonage, plivo, exote
 system_prompt = "You are ..."   # optional (the server's default otherwise)
 greeting = "Hi!"                # optional ("" for none)
 deterministic = true            # optional (true): replies are reproducible (greedy, or --seed); --update-golden
-audio = "caller.wav"            # optional: the caller's channel, any rate; a stereo recording's left channel
+audio = "caller.wav"            # optional: the caller's channel, a WAV in the case directory (any rate; stereo: left)
 
 [expect]                        # optional
 turns = 3                       # the number of turns (default: the number of [[turn]] tables)
@@ -34,7 +34,7 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -180,6 +180,8 @@ def load_case(directory: Path) -> CallCase:
     if transport not in REPLAY_TRANSPORTS:
         raise CaseError(path, "call.transport", f"{transport!r} is not one of: {', '.join(REPLAY_TRANSPORTS)}")
     audio_name = call.get("audio", "caller.wav")
+    if PurePath(audio_name).is_absolute() or ".." in PurePath(audio_name).parts:
+        raise CaseError(path, "call.audio", f"{audio_name!r}: name a file inside the case directory")
     try:
         audio, rate = read_caller_channel(directory / audio_name)
     except AudioFileError as exc:

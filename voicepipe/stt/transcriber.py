@@ -20,6 +20,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -266,6 +267,7 @@ class Transcriber:
         self._partials: OrderedDict[int, tuple[TranscriptStream, float]] = OrderedDict()
         self._cond = threading.Condition()
         self._stop = False
+        self._streams: weakref.WeakSet[TranscriptStream] = weakref.WeakSet()  # every stream still in memory
         self._thread = threading.Thread(target=self._run, name="stt-worker", daemon=True)
         self._thread.start()
 
@@ -282,7 +284,14 @@ class Transcriber:
                     on_final: Callable[[Transcript], None] | None = None) -> TranscriptStream:
         prompt = initial_prompt if initial_prompt is not None else self.settings.initial_prompt
         words = hotwords if hotwords is not None else self.settings.hotwords
-        return TranscriptStream(self, next(self._ids), sample_rate, prompt, words, on_partial, on_final)
+        stream = TranscriptStream(self, next(self._ids), sample_rate, prompt, words, on_partial, on_final)
+        self._streams.add(stream)
+        return stream
+
+    @property
+    def streams_in_memory(self) -> int:
+        """Streams not yet garbage collected: once their calls have ended (and after `gc.collect()`), a leak."""
+        return len(self._streams)
 
     def transcribe(self, samples: np.ndarray, sample_rate: int = 16000, initial_prompt: str | None = None,
                    hotwords: str | None = None, timeout: float | None = None) -> Transcript:
@@ -369,6 +378,7 @@ class Transcriber:
     # --- the worker -------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
+            final = partials = None  # no stream is held while the worker waits (an ended call's is freed at once)
             with self._cond:
                 while not self._stop and not self._finals and not self._partials:
                     self._cond.wait()
@@ -426,7 +436,20 @@ class Transcriber:
         if not work:
             return
         start = time.perf_counter()
-        results = self._decode([w[2] for w in work], [w[0].context for w in work])
+        try:
+            results = self._decode([w[2] for w in work], [w[0].context for w in work])
+        except Exception:
+            if len(work) == 1:
+                raise
+            # A fault in one stream's decode must not cost the streams batched with it their partials: each
+            # decodes alone, and only the faulty one's fails (the worker logs it).
+            log.exception("STT partial batch of %d streams failed; decoding them one at a time", len(work))
+            for stream, *_ in work:
+                try:
+                    self._run_partials([stream])
+                except Exception:
+                    log.exception("STT partial of stream %d failed", stream.id)
+            return
         ms = (time.perf_counter() - start) * 1000
         for (stream, turn, audio, rolled), result in zip(work, results, strict=True):
             if turn.rolled != rolled:  # the turn moved on to a new 30 s segment meanwhile

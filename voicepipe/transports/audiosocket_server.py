@@ -16,6 +16,7 @@ import threading
 from voicepipe.pipeline import call_resources
 from voicepipe.pipeline.admission import CallRefused
 from voicepipe.transports.connection import Connection
+from voicepipe.transports.limits import TooManyConnections
 from voicepipe.transports.serializers import make_serializer
 from voicepipe.transports.serializers.audiosocket import KIND_HANGUP, encode_message
 
@@ -60,10 +61,27 @@ class TCPLink:
 
 async def handle_audiosocket(app, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     link = TCPLink(reader, writer)
+    peer = writer.get_extra_info("peername")
+    address = peer[0] if isinstance(peer, tuple) and peer else "unknown"
+    try:
+        with app.state.client_slots.slot(address):
+            await _serve(app, link)
+    except TooManyConnections as exc:
+        log.warning("audiosocket: refused a connection: %s", exc)
+        await _refuse(link)
+
+
+async def _refuse(link: TCPLink) -> None:
+    with contextlib.suppress(Exception):
+        await link.send_bytes(encode_message(KIND_HANGUP))
+    await link.close()
+
+
+async def _serve(app, link: TCPLink) -> None:
     try:
         slot = app.state.admission.admit("audiosocket")
     except CallRefused:  # at calls.max_concurrent, or draining: Asterisk gets a hangup at once
-        await _hang_up(link)
+        await _refuse(link)
         return
     try:
         await _serve_admitted(app, link)
@@ -71,21 +89,16 @@ async def handle_audiosocket(app, reader: asyncio.StreamReader, writer: asyncio.
         slot.release()
 
 
-async def _hang_up(link: TCPLink) -> None:
-    with contextlib.suppress(Exception):
-        await link.send_bytes(encode_message(KIND_HANGUP))
-    await link.close()
-
-
 async def _serve_admitted(app, link: TCPLink) -> None:
     try:
         resources = await asyncio.to_thread(call_resources, app.state.runtime)
     except Exception as exc:
         log.warning("audiosocket: call refused: %s", exc)
-        await _hang_up(link)
+        await _refuse(link)
         return
-    conn = Connection(link, "audiosocket", make_serializer("audiosocket"), app.state.settings, resources,
-                      app.state.calls, app.state.observers)
+    settings = app.state.settings
+    serializer = make_serializer("audiosocket", max_frame_bytes=settings.calls.max_frame_bytes)
+    conn = Connection(link, "audiosocket", serializer, settings, resources, app.state.calls, app.state.observers)
     try:
         await conn.run()
     except Exception:
@@ -103,6 +116,7 @@ def start_audiosocket_listener(app) -> threading.Thread:
     def run() -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        app.state.audiosocket_loop = loop
 
         async def main() -> None:
             server = await asyncio.start_server(lambda r, w: handle_audiosocket(app, r, w), settings.server.host,

@@ -20,9 +20,11 @@ import numpy as np
 from fastapi import WebSocket
 from starlette.websockets import WebSocketState
 
+from voicepipe.auth import MAX_CALL_ID_CHARS, is_call_id
 from voicepipe.observability.hooks import Observers
 from voicepipe.pipeline import CallRegistry, CallSession
 from voicepipe.transports.events import Mark, Media, Start, Stop, TransportError
+from voicepipe.transports.limits import MessageRate
 from voicepipe.transports.playback import Heard, PlaybackController
 from voicepipe.transports.serializers import Serializer
 from voicepipe.transports.serializers.native import NativeSerializer
@@ -69,11 +71,13 @@ class Connection:
         self._held = False  # AgentOutput.hold: no agent audio goes out
         self._released: dict[object, int] = {}  # turn -> end of its audio heard and released (this generation)
         self.clock = time.monotonic
+        self._rate: MessageRate | None = None  # calls.max_messages_per_s, from the first message on
 
     # -- the read loop ------------------------------------------------------------------------------
     async def run(self) -> None:
         self._tasks.append(asyncio.create_task(self._writer(), name=f"ws-writer-{self.transport}"))
         started = self.clock()
+        self._rate = MessageRate(self.settings.calls.max_messages_per_s, started)
         receive: asyncio.Future | None = None
         try:
             while not self._dead:
@@ -92,11 +96,23 @@ class Connection:
                 if message["type"] == "websocket.disconnect":
                     self._dead = True
                     return
+                if not self._rate.allow(self.clock()):
+                    await self._over_rate()
+                    return
                 if not await self._on_frame(message):
                     return
         finally:
             if receive is not None and not receive.done():
                 receive.cancel()
+
+    async def _over_rate(self) -> None:
+        limit = self._rate.per_s
+        log.warning("%s: closing a connection that sent over %d messages a second (calls.max_messages_per_s)",
+                    self.transport, limit)
+        self._send_error("rate_limited", f"over {limit} messages a second")
+        if self.call is not None:
+            await self._end_call("rate_limited")
+        await self._fail(CLOSE_POLICY, f"too many messages: over {limit} a second")
 
     async def _on_frame(self, message: dict) -> bool:
         """Decode and handle one frame; False ends the connection."""
@@ -147,11 +163,15 @@ class Connection:
         params = dict(start.custom_parameters)
         if self.transport == "telnyx" and "client_state" in params:
             params = {**_telnyx_client_state(params["client_state"]), **params}
+        call_id = start.call_id or start.stream_id
+        if call_id is not None and not is_call_id(call_id):  # it names the call in paths: /api/calls/{id}
+            log.warning("%s: the call id %r... is not printable or over %d characters; the call gets its own",
+                        self.transport, call_id[:40], MAX_CALL_ID_CHARS)
+            call_id = None
         call = CallSession(self.resources, self.settings, self, input_rate=ser.sample_rate,
-                           transport=self.transport, call_id=start.call_id or start.stream_id, parameters=params,
-                           observers=self.observers)
+                           transport=self.transport, call_id=call_id, parameters=params, observers=self.observers)
         if call.call_id in self.registry.active:
-            call.call_id = call.record.call_id = f"{call.call_id}-{id(call):x}"
+            call.call_id = call.record.call_id = f"{call.call_id[:MAX_CALL_ID_CHARS - 20]}-{id(call):x}"
         self.call = call
         self.registry.add(call)
         if isinstance(ser, NativeSerializer):

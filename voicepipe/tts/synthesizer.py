@@ -14,6 +14,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,7 @@ class Synthesizer:
         self._stop = False
         self.seconds_synthesized = 0.0
         self.seconds_audio = 0.0
+        self._streams: weakref.WeakSet[SpeechStream] = weakref.WeakSet()  # every stream still in memory
         self._thread = threading.Thread(target=self._run, name="tts-worker", daemon=True)
         self._thread.start()
 
@@ -78,7 +80,14 @@ class Synthesizer:
 
     def open_stream(self, sample_rate: int | None = None, turn: int | None = None) -> SpeechStream:
         rate = self.settings.output_sample_rate if sample_rate is None else sample_rate
-        return SpeechStream(self, rate, next(self._turns) if turn is None else turn)
+        stream = SpeechStream(self, rate, next(self._turns) if turn is None else turn)
+        self._streams.add(stream)
+        return stream
+
+    @property
+    def streams_in_memory(self) -> int:
+        """Streams not yet garbage collected: once their calls have ended (and after `gc.collect()`), a leak."""
+        return len(self._streams)
 
     def synthesize_clause(self, text: str, char_offset: int = 0) -> ClauseAudio:
         """Synthesize one clause now, on the calling thread (the worker uses this too)."""
@@ -131,6 +140,7 @@ class Synthesizer:
 
     def _run(self) -> None:
         while True:
+            stream = chunk = None  # no stream is held while the worker waits (an ended call's is freed at once)
             with self._cond:
                 while not self._stop and not self._jobs:
                     self._cond.wait()

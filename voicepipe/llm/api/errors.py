@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 
 from fastapi import Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,16 @@ def overloaded(message: str, retry_after: int = 1) -> APIError:
 async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
     log.info("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
     return exc.response()
+
+
+async def http_error_handler(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's own HTTP errors (a body it cannot parse, an unknown path, a wrong method): in OpenAI's shape under
+    /v1, where clients read `error.message`; as FastAPI gives them everywhere else."""
+    if not request.url.path.startswith("/v1/"):
+        return await http_exception_handler(request, exc)
+    log.info("%s %s -> %d %s", request.method, request.url.path, exc.status_code, exc.detail)
+    error = APIError(exc.status_code, str(exc.detail), "invalid_request_error")
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,8 +13,17 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from voicepipe.llm.api.errors import APIError, api_error_handler, bad_request, overloaded, validation_error_handler
+from voicepipe.http_errors import openai_error_responses
+from voicepipe.llm.api.errors import (
+    APIError,
+    api_error_handler,
+    bad_request,
+    http_error_handler,
+    overloaded,
+    validation_error_handler,
+)
 from voicepipe.llm.api.logprobs import completion_logprobs
 from voicepipe.llm.api.schemas import ChatCompletionRequest, CompletionRequest
 from voicepipe.llm.constraints import GrammarTokenizer, constraint_for
@@ -30,6 +39,8 @@ from voicepipe.llm.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 256
+STREAMS = {200: {"description": "The completion; with `stream`, server-sent events",
+                 "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def served_model_id(spec: str) -> str:
@@ -41,10 +52,12 @@ def create_openai_router(app: FastAPI) -> APIRouter:
     """Build the /v1 router and install OpenAI-shaped error handlers on ``app``."""
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    router = APIRouter(prefix="/v1", dependencies=[Depends(_check_api_key)])
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    router = APIRouter(prefix="/v1", dependencies=[Depends(_check_api_key)],
+                       responses=openai_error_responses(400, 401, 404, 503))
     router.add_api_route("/models", _list_models, methods=["GET"])
-    router.add_api_route("/chat/completions", _chat_completions, methods=["POST"])
-    router.add_api_route("/completions", _completions, methods=["POST"])
+    router.add_api_route("/chat/completions", _chat_completions, methods=["POST"], responses=STREAMS)
+    router.add_api_route("/completions", _completions, methods=["POST"], responses=STREAMS)
     return router
 
 

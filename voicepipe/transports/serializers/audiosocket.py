@@ -87,6 +87,7 @@ class AudioSocketSerializer(Serializer):
         if isinstance(frame, str):
             raise ProtocolError("wrong_frame_type", "AudioSocket is a byte stream, got text")
         if len(self._buffer) + len(frame) > self.max_frame_bytes + HEADER.size + MAX_PAYLOAD:
+            self.closed = True
             raise ProtocolError("oversize", f"{len(self._buffer) + len(frame)} bytes buffered")
         self._buffer += frame
         events: list[Event] = []
@@ -97,6 +98,8 @@ class AudioSocketSerializer(Serializer):
                 events.extend(self._message(kind, payload))
             except ProtocolError as exc:
                 exc.events = events + exc.events
+                if exc.fatal:  # the stream cannot be trusted after it: nothing more is read, as after a hangup
+                    self.closed = True
                 raise
             if self.closed:  # what follows a hangup stays unread
                 break

@@ -23,10 +23,12 @@ from aiortc.sdp import SessionDescription
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from voicepipe.auth import check_http_token
+from voicepipe.http_errors import error_responses
 from voicepipe.pipeline import call_resources
 from voicepipe.pipeline.admission import CallRefused
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import ProtocolError
+from voicepipe.transports.limits import TooManyConnections, client_address
 from voicepipe.transports.serializers.native import NativeSerializer
 from voicepipe.transports.webrtc.link import PeerLink
 
@@ -34,6 +36,13 @@ log = logging.getLogger(__name__)
 
 MAX_OFFER_BYTES = 64 * 1024
 START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy")
+# The body, for the OpenAPI description (parse_offer reads it itself: its checks are the ones that count)
+OFFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["sdp", "type"], "properties": {
+        "sdp": {"type": "string"}, "type": {"type": "string", "enum": ["offer"]},
+        "call_id": {"type": "string", "maxLength": 128}, "system_prompt": {"type": "string"},
+        "greeting": {"type": ["string", "null"]}, "metadata": {"type": "object"},
+        "turn_policy": {"type": "string"}}}}}}}
 
 
 class BadOffer(ValueError):
@@ -43,7 +52,7 @@ class BadOffer(ValueError):
 def create_webrtc_router(app: FastAPI) -> APIRouter:
     """The WebRTC endpoints; live peer calls are kept on `app.state.webrtc_calls`."""
     app.state.webrtc_calls = {}  # task -> its PeerLink
-    router = APIRouter()
+    router = APIRouter(responses=error_responses(400, 401, 429, 503))
 
     @router.get("/webrtc/config")
     async def config(request: Request) -> dict:
@@ -51,7 +60,7 @@ def create_webrtc_router(app: FastAPI) -> APIRouter:
         check_http_token(request)
         return {"iceServers": ice_servers_json(request.app.state.settings)}
 
-    @router.post("/webrtc/offer")
+    @router.post("/webrtc/offer", openapi_extra=OFFER_BODY)
     async def offer(request: Request) -> dict:
         check_http_token(request)
         try:
@@ -63,18 +72,35 @@ def create_webrtc_router(app: FastAPI) -> APIRouter:
             slot = request.app.state.admission.admit("webrtc")
         except CallRefused as refused:  # at calls.max_concurrent, or draining
             raise HTTPException(503, str(refused)) from None
+        slots, address = request.app.state.client_slots, client_address(request.client)
         try:
-            try:
-                resources = await asyncio.to_thread(call_resources, request.app.state.runtime)
-            except Exception as exc:
-                log.warning("webrtc: call refused: %s", exc)
-                raise HTTPException(503, "not ready: models are loading") from None
-            return await answer(request.app, body["sdp"], start, resources, slot)
-        except BaseException:
+            slots.acquire(address)  # held until the peer call ends
+        except TooManyConnections as exc:
             slot.release()
+            log.warning("webrtc: refused an offer: %s", exc)
+            raise HTTPException(429, str(exc)) from None
+
+        def release() -> None:
+            slots.release(address)
+            slot.release()
+
+        try:
+            return await _start_call(request.app, body["sdp"], start, release)
+        except BaseException:
+            release()
             raise
 
     return router
+
+
+async def _start_call(app, sdp: str, start: dict[str, Any], on_end) -> dict:
+    """The call's resources (503 while the models load), then `answer`."""
+    try:
+        resources = await asyncio.to_thread(call_resources, app.state.runtime)
+    except Exception as exc:
+        log.warning("webrtc: call refused: %s", exc)
+        raise HTTPException(503, "not ready: models are loading") from None
+    return await answer(app, sdp, start, resources, on_end)
 
 
 def ice_servers_json(settings) -> list[dict[str, Any]]:
@@ -152,23 +178,27 @@ async def open_peer(settings, sdp: str, start: dict[str, Any], label: str) -> Pe
     return link
 
 
-async def answer(app, sdp: str, start: dict[str, Any], resources, slot=None) -> dict:
-    """Apply the offer, start the call in the background, and return the answer. The call's admission ``slot``
-    (`pipeline.admission.CallSlot`) is released when the call ends."""
+async def answer(app, sdp: str, start: dict[str, Any], resources, on_end: Callable[[], None]) -> dict:
+    """Apply the offer, start the call in the background, and return the answer; `on_end()` runs once the call
+    has ended (only when this returns: on an error the caller still owns what `on_end` releases)."""
     label = f"webrtc {start['call_id']}"
     try:
         link = await open_peer(app.state.settings, sdp, start, label)
     except BadOffer as exc:
         log.warning("webrtc: %s: offer rejected: %s", label, exc)
         raise HTTPException(400, str(exc)) from None
-    conn = Connection(link, "webrtc", NativeSerializer(), app.state.settings, resources, app.state.calls,
-                      app.state.observers)
+    settings = app.state.settings
+    conn = Connection(link, "webrtc", NativeSerializer(max_frame_bytes=settings.calls.max_frame_bytes), settings,
+                      resources, app.state.calls, app.state.observers)
     task = asyncio.create_task(serve_peer_call(conn, link), name=f"webrtc-{start['call_id']}")
     calls: dict = app.state.webrtc_calls
     calls[task] = link
-    task.add_done_callback(lambda t: calls.pop(t, None))
-    if slot is not None:
-        task.add_done_callback(lambda t: slot.release())
+
+    def ended(t: asyncio.Task) -> None:
+        calls.pop(t, None)
+        on_end()
+
+    task.add_done_callback(ended)
     local = link.pc.localDescription
     return {"sdp": local.sdp, "type": local.type, "call_id": start["call_id"]}
 
