@@ -264,6 +264,18 @@ def test_the_service_wide_call_limit_and_a_drain_refuse_an_invite_as_sip_expects
     assert app.state.admission.refused == {("sip", "saturated"): 1, ("sip", "draining"): 1}
 
 
+def test_a_client_address_over_its_connection_limit_gets_no_more_sip_sockets(tmp_path) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    settings = call_settings(tmp_path, calls={"max_connections_per_client": 1})
+    with app_on_loopback(create_app(settings, load_models=False)) as url, SipSocket(url) as first:
+        with SipSocket(url) as second, pytest.raises(ConnectionClosed) as closed:
+            second.receive()
+        assert closed.value.rcvd.code == 1013 and "too many connections" in closed.value.rcvd.reason
+        first.send("\r\n\r\n")  # the first one still serves (a keep-alive gets its pong)
+        assert first.receive_raw() == "\r\n"
+
+
 def test_numbers_that_are_not_ascii_digits_are_no_numbers(tmp_path) -> None:
     """'²' passes str.isdigit and fails int(): an Expires or Session-Expires of it is ignored, not a 500."""
     with app_on_loopback(create_app(call_settings(tmp_path), load_models=False)) as url, SipSocket(url) as sock:

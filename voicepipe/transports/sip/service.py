@@ -10,7 +10,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 
 from voicepipe.auth import check_http_token, token_ok
-from voicepipe.transports.connection import CLOSE_POLICY
+from voicepipe.transports.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
+from voicepipe.transports.limits import TooManyConnections, client_address
 from voicepipe.transports.sip.digest import DigestServer
 from voicepipe.transports.sip.flow import SipFlow
 from voicepipe.transports.sip.message import Request as SipRequest
@@ -77,7 +78,13 @@ def create_sip_router(app: FastAPI) -> APIRouter:
             await ws.close(code=CLOSE_POLICY, reason="the WebSocket subprotocol must be 'sip' (RFC 7118)")
             return
         await ws.accept(subprotocol=SUBPROTOCOL)
-        await SipFlow(ws, service).run()
+        address = client_address(ws.client)
+        try:
+            with ws.app.state.client_slots.slot(address):  # calls.max_connections_per_client, as on every link
+                await SipFlow(ws, service).run()
+        except TooManyConnections as exc:
+            log.warning("sip: refused a connection: %s", exc)
+            await ws.close(code=CLOSE_TRY_AGAIN, reason=f"too many connections from {address}")
 
     @router.get("/sip/config")
     async def config(request: Request) -> dict:
