@@ -202,6 +202,11 @@ class CallSettings(Section):
     audiosocket_port: int | None = Field(None, ge=0, le=65535)  # Asterisk AudioSocket TCP listener (None: off)
     # WebRTC (/webrtc/offer and the softphone): none by default, so nothing reaches out past loopback/LAN
     ice_servers: list[IceServer] = Field(default_factory=list)
+    # Keypad (DTMF): keys collect into an entry until the terminator ("" for none), a pause of dtmf_timeout_ms or
+    # dtmf_max_digits keys; the entry is then the caller's turn, "[keypad: 4 2 1 7]" to the LLM.
+    dtmf_timeout_ms: int = Field(2000, ge=50, le=60000)
+    dtmf_max_digits: int = Field(16, ge=1, le=64)
+    dtmf_terminator: Literal["#", "*", ""] = "#"
 
 
 class ObservabilitySettings(Section):

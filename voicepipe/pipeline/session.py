@@ -19,7 +19,8 @@ their own worker threads.
 
 This file holds the state machine: lifecycle, caller audio, end of turn, replies, timeline and observers. Its
 machinery lives beside it, in mixins `CallSession` inherits: `early_reply.py` (early replies), `interruptions.py`
-(barge-in, reopen, backchannels, hold) and `housekeeping.py` (background tasks, the idle watch).
+(barge-in, reopen, backchannels, hold), `housekeeping.py` (background tasks, the idle watch) and `keypad.py` (DTMF
+entries as turns).
 
 Each turn keeps a timeline (`TurnRecord.timeline`, see `voicepipe/observability/hooks.py`) and the call reports
 to its `Observers` (call store, metrics, recorder): the call's start and end, each finished turn, caller and
@@ -47,6 +48,7 @@ from voicepipe.pipeline.call_types import AgentOutput, CallState, _Reply
 from voicepipe.pipeline.early_reply import EarlyReplies
 from voicepipe.pipeline.housekeeping import Housekeeping
 from voicepipe.pipeline.interruptions import Interruptions
+from voicepipe.pipeline.keypad import Keypad
 from voicepipe.pipeline.resources import CallResources
 from voicepipe.pipeline.turn_taking import TurnTaking
 from voicepipe.turns.backchannel import is_backchannel
@@ -60,7 +62,7 @@ PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT h
 ARRIVALS_KEPT = 1500  # caller chunks whose arrival time is kept (30 s of 20 ms chunks) to date VAD events
 
 
-class CallSession(EarlyReplies, Interruptions, Housekeeping):
+class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad):
     """One call. `start()`, then `push_audio()` for every inbound chunk, then `close()`."""
 
     def __init__(self, resources: CallResources, settings: Settings, output: AgentOutput, *,
@@ -112,6 +114,9 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
         self._early: _Reply | None = None  # a reply started at the speech end, before the end-of-turn decision
         self._pending_assistant: str | None = None  # greeting text to put in the history before turn 1
         self._unanswered: str | None = None  # caller words cut off before the LLM heard them: they open the next turn
+        self._keys: list[str] = []  # the keypad entry being typed (keypad.py)
+        self._keys_started: float | None = None
+        self._keys_timer: asyncio.TimerHandle | None = None
         self._last_activity = time.monotonic()
         self._watchdog: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -148,6 +153,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
             return
         self.closed = True
         self.end_reason = reason
+        self._close_keypad()
         early, self._early = self._early, None
         if early is not None:  # not confirmed by an end of turn: it leaves no turn behind
             early.stream.cancel()

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocketState
 
 from voicepipe.observability.hooks import Observers
 from voicepipe.pipeline import CallRegistry, CallSession
-from voicepipe.transports.events import Mark, Media, Start, Stop, TransportError
+from voicepipe.transports.events import Dtmf, Mark, Media, Start, Stop, TransportError
 from voicepipe.transports.playback import Heard, PlaybackController
 from voicepipe.transports.serializers import Serializer
 from voicepipe.transports.serializers.native import NativeSerializer
@@ -130,6 +130,9 @@ class Connection:
                 self._wake.set()
             if self.call is not None:
                 self.call.note("mark", name=event.name)
+        elif isinstance(event, Dtmf):
+            if self.call is not None:
+                self.call.push_dtmf(event.digit)
         elif isinstance(event, Start):
             await self._on_start(event)
         elif isinstance(event, Stop):
