@@ -43,6 +43,8 @@ class Line:
         if self.closed.is_set():
             return False
         try:
+            for key in self.pacer.keys_due:
+                await self.send(self.wire.dtmf(key))
             await self.send(self.wire.audio(pcm16))
         except Exception:
             self.closed.set()

@@ -1,10 +1,11 @@
 """The WebRTC caller, for `voicepipe call --transport webrtc`: an aiortc peer connection seen as the link the
 line drives (`send`, `async for`, `close_code`); what its frames mean is `WebRtcCallerSerializer`'s business.
 
-Opening it does the signalling (offer with every ICE candidate, POST to `/webrtc/offer`, answer) and waits
-until the peer is connected and the "events" data channel is open. `send` feeds 20 ms PCM frames (48 kHz
-mono int16) to the outbound track, or text to the data channel; iterating yields the agent's audio (mono
-int16 at 48 kHz, every frame the server sends, silence included) and the server's events (JSON text).
+Opening it does the signalling (offer with every ICE candidate and telephone events, POST to `/webrtc/offer`,
+answer) and waits until the peer is connected and the "events" data channel is open. `send` feeds 20 ms PCM frames
+(48 kHz mono int16) to the outbound track, text to the data channel, or a `KeyPress` as RFC 4733 telephone events
+(as a browser's `RTCDTMFSender` does); iterating yields the agent's audio (mono int16 at 48 kHz, every frame the
+server sends, silence included) and the server's events (JSON text).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from voicepipe.transports.serializers.native import KeyPress
+from voicepipe.transports.webrtc import dtmf
 from voicepipe.transports.webrtc.media import FedTrack, drain
 
 log = logging.getLogger(__name__)
@@ -53,10 +57,13 @@ class PeerClient:
         self._closed = asyncio.Event()
         self._drains: list[asyncio.Task] = []
         self._stop_sent = False
+        self._key_types: dict[int, int] = {}  # the telephone-event payload types the answer accepted -> rate
+        self._key_ssrc = random.getrandbits(32)
 
     async def __aenter__(self) -> PeerClient:
         import httpx
 
+        dtmf.negotiate()
         pc = self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         pc.addTrack(self.track)
         self.channel = pc.createDataChannel("events")
@@ -76,6 +83,7 @@ class PeerClient:
                 raise ConnectionError(f"{self.url} refused the offer: {resp.status_code} {resp.text[:200]}")
             answer = resp.json()
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+            self._key_types = dtmf.telephone_event_types(answer["sdp"])
             await asyncio.wait_for(self._connected.wait(), CONNECT_TIMEOUT_S)
             if pc.connectionState != "connected":
                 raise ConnectionError(f"the WebRTC connection to {self.url} {pc.connectionState}")
@@ -103,15 +111,29 @@ class PeerClient:
             self._connected.set()  # wakes a caller still waiting to connect; it checks the state
             self._inbox.put_nowait(None)
 
-    async def send(self, frame: np.ndarray | str) -> None:
+    async def send(self, frame: np.ndarray | str | KeyPress) -> None:
         if self._closed.is_set():
             raise ConnectionError("the call has ended")
-        if isinstance(frame, str):
+        if isinstance(frame, KeyPress):
+            await self._press(frame.digit)
+        elif isinstance(frame, str):
             if self.channel.readyState == "open":
                 self.channel.send(frame)
                 self._stop_sent = self._stop_sent or json.loads(frame).get("type") == "stop"
         else:
             self.track.feed(frame)
+
+    async def _press(self, key: str) -> None:
+        """One key as telephone events on the audio transport, 20 ms apart (their own SSRC: the audio sender keeps
+        its sequence numbers to itself)."""
+        if not self._key_types:
+            raise ConnectionError("the server did not accept telephone events")
+        payload_type, rate = max(self._key_types.items(), key=lambda item: item[1])
+        transport = next(t.sender.transport for t in self.pc.getTransceivers() if t.kind == "audio")
+        sequence, timestamp = random.getrandbits(16), random.getrandbits(32)
+        for packet in dtmf.event_packets(key, payload_type, self._key_ssrc, sequence, timestamp, rate):
+            await transport._send_rtp(packet.serialize())
+            await asyncio.sleep(0.02)
 
     def __aiter__(self):
         return self._received()

@@ -11,6 +11,7 @@ caller's end is here as well: `WebRtcCallerSerializer`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,13 @@ from voicepipe.transports.serializers.base import (
 )
 
 RATES = frozenset({8000, 16000, 24000, 48000})
+
+
+@dataclass(frozen=True)
+class KeyPress:
+    """A key a WebRTC caller presses: not a frame, an RTP event its link sends (caller/webrtc.py)."""
+
+    digit: str
 START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy")
 PROTOCOL_VERSION = 1
 
@@ -129,6 +137,14 @@ class NativeSerializer(Serializer):
     def encode_error(self, code: str, message: str) -> list[Frame]:
         return [dumps({"type": "error", "code": code, "message": message})]
 
+    def encode_dtmf(self, digits: str) -> list[Frame]:
+        """Keys the agent presses (its send_dtmf tool), for the client to play on the line."""
+        return [dumps({"type": "dtmf", "digits": digits})]
+
+    def encode_transfer(self, target: str) -> list[Frame]:
+        """The agent transfers the caller (its transfer_call tool); the server hangs up after it."""
+        return [dumps({"type": "transfer", "target": target})]
+
 
 class NativeCallerSerializer(PcmCallerSerializer):
     """A client of `/ws`: 16 kHz PCM16, marks on; the server's events come out of `parse` as ("event", message)."""
@@ -140,6 +156,9 @@ class NativeCallerSerializer(PcmCallerSerializer):
 
     def mark_ack(self, name: str) -> list[Frame]:
         return [mark_message(name)]
+
+    def dtmf(self, digit: str) -> list[Frame]:
+        return [dtmf_message(digit)]
 
     def stop(self) -> list[Frame]:
         return [stop_message("hangup")]
@@ -175,6 +194,9 @@ class WebRtcCallerSerializer(NativeCallerSerializer):
     def audio(self, pcm16: np.ndarray) -> list[np.ndarray]:
         return [pcm16]
 
+    def dtmf(self, digit: str) -> list[KeyPress]:
+        return [KeyPress(digit)]  # the link sends it as RFC 4733 telephone events, as a browser does
+
     def parse(self, frame: str | np.ndarray) -> list[tuple[str, Any]]:
         if isinstance(frame, str):
             return [("event", json.loads(frame))]
@@ -193,6 +215,11 @@ class WebRtcCallerSerializer(NativeCallerSerializer):
 def start_message(sample_rate: int, fields: dict[str, Any]) -> str:
     """A client's `start`: PCM16 at `sample_rate` both ways, then `fields` (`call_id`, `marks`, `greeting`, ...)."""
     return dumps({"type": "start", "sample_rate": sample_rate, "encoding": "pcm16", **fields})
+
+
+def dtmf_message(digit: str) -> str:
+    """A key the caller pressed (a WebRTC call's RFC 4733 event becomes one, webrtc/link.py)."""
+    return dumps({"type": "dtmf", "digit": digit})
 
 
 def stop_message(reason: str) -> str:

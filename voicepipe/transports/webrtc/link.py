@@ -6,7 +6,8 @@ every WebSocket transport uses:
 
 - `receive()` yields, as WebSocket messages: a native `start` (48 kHz PCM16, marks on) once the peer
   connection is up, the caller's audio (every received audio track is drained; the first one is the
-  caller, downmixed to mono), the marks the agent track echoes as it plays, a `stop` when the page hangs
+  caller, downmixed to mono), the caller's key presses (RFC 4733 telephone events, `dtmf.py`) as native
+  `dtmf` messages, the marks the agent track echoes as it plays, a `stop` when the page hangs
   up over the data channel, and a disconnect when the connection closes or fails, or when the caller's
   audio stops arriving for `MEDIA_TIMEOUT_S` (the peer vanished).
 - `send_bytes()` queues agent audio on the paced outbound track; `send_text()` applies the native
@@ -25,7 +26,8 @@ from typing import Any
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 
-from voicepipe.transports.serializers.native import mark_message, start_message, stop_message
+from voicepipe.transports.serializers.native import dtmf_message, mark_message, start_message, stop_message
+from voicepipe.transports.webrtc import dtmf
 from voicepipe.transports.webrtc.media import RATE, PacedTrack, drain
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,16 @@ class PeerLink:
             self._check_media()
         elif state in ("failed", "closed"):
             self._end(f"connection {state}")
+
+    def listen_for_keys(self, payload_types: dict[int, int]) -> None:
+        """The answer accepted telephone events of `payload_types`: the caller's keys become `dtmf` messages."""
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio":
+                dtmf.tap(transceiver.receiver, payload_types, self._key)
+
+    def _key(self, key: str) -> None:
+        if self._started and not self._ended:
+            self._inbox.put_nowait({"type": "websocket.receive", "text": dtmf_message(key)})
 
     def _connect_timeout(self) -> None:
         if not self._started:

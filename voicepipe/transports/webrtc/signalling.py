@@ -26,6 +26,7 @@ from voicepipe.pipeline import call_resources
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import ProtocolError
 from voicepipe.transports.serializers.native import NativeSerializer
+from voicepipe.transports.webrtc import dtmf
 from voicepipe.transports.webrtc.link import PeerLink
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ def start_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def peer_connection(settings) -> RTCPeerConnection:
+    dtmf.negotiate()
     servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
                for s in ice_servers_json(settings)]
     return RTCPeerConnection(RTCConfiguration(iceServers=servers))
@@ -137,6 +139,7 @@ async def answer(app, sdp: str, start: dict[str, Any], resources) -> dict:
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         await pc.setLocalDescription(await pc.createAnswer())
+        link.listen_for_keys(dtmf.telephone_event_types(pc.localDescription.sdp))
     except Exception as exc:  # SDP aiortc cannot apply: no usable codec, missing ICE credentials, ...
         await link.close()
         log.warning("webrtc: %s: offer rejected: %s", label, exc)
