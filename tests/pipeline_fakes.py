@@ -165,7 +165,7 @@ class FakeEngine:
         self.slow = False
         self.end_prob: float | None = None  # what an early reply's end probe gives
         self.probes: list[bool] = []  # each generate's end_probe
-        self.tool_options: list[dict] = []  # each generate's tools, tool_choice and reply_prefix
+        self.tool_options: list[dict] = []  # each generate's tools, tool_choice, reply_prefix and max_tokens
         self.tool_script: list = []  # ToolCalls the next generations make (one each, in order), then words
 
     def open_session(self, system_prompt=None):
@@ -179,7 +179,7 @@ class FakeEngine:
         self.seeds.append(kw.get("seed"))
         self.probes.append(kw.get("end_probe", False))
         session.marks.append(len(self.calls))  # a turn begins
-        self.tool_options.append({k: kw[k] for k in ("tools", "tool_choice", "reply_prefix") if k in kw})
+        self.tool_options.append({k: kw[k] for k in ("tools", "tool_choice", "reply_prefix", "max_tokens") if k in kw})
         end_prob = self.end_prob if kw.get("end_probe") else None
         if self.tool_script and kw.get("tool_choice") not in (None, "none"):
             return FakeGeneration(self, [], end_prob, [self.tool_script.pop(0)])

@@ -234,6 +234,9 @@ class CallSettings(Section):
     # or a tool's name (every reply calls it); after a call the reply goes on under "auto" (if it was) or "none"
     tool_choice: str = "auto"
     max_tool_rounds: int = Field(2, ge=1, le=10)  # tool calls in one reply; the last round must answer in words
+    # the token budget of a generation that must call a tool (tool_choice required or a name); one that may answer
+    # in words ("auto") keeps max_reply_tokens, so a call it makes must fit in that
+    max_tool_call_tokens: int = Field(96, ge=16, le=4096)
     tool_filler_ms: int = Field(1000, ge=0, le=60000)  # a tool running longer than this gets tool_filler (0: never)
     tool_filler: str = "One moment, please."
     tool_result_chars: int = Field(2000, ge=16, le=100000)  # a longer result is cut before the model reads it

@@ -211,3 +211,21 @@ def test_an_early_reply_runs_no_tool_until_its_end_of_turn_and_none_if_dropped()
             await h.call.close()
 
         run(main())
+
+
+def test_a_call_cut_short_by_its_budget_is_not_made() -> None:
+    with webhook_server({"/orders": Route("{}")}) as hooks:
+        async def main():
+            h = Harness(webhook_tools=[lookup(hooks.url("/orders"))], tool_choice="lookup_order",
+                        max_tool_call_tokens=32, max_reply_tokens=20)
+            h.engine.tool_script = [call("lookup_order", '{"order_id":"42')]  # max_tokens ran out mid-string
+            await h.call.start()
+            await h.one_turn()
+            await played_out(h)
+            await h.settle(lambda: h.call.state is CallState.LISTENING)
+            assert hooks.requests == []
+            assert h.call.record.turns[0].tool_calls[0]["error"] == "the call was cut short at 32 tokens"
+            assert [o["max_tokens"] for o in h.engine.tool_options] == [32, 20]  # the forced call, then words
+            await h.call.close()
+
+        run(main())

@@ -50,6 +50,7 @@ class CallResult:
     record: dict | None = None  # the server's call record (GET /calls/{id})
     started: float = 0.0
     send_lag_ms: list[float] = field(default_factory=list)  # per 20 ms frame: actual send time - real-time schedule
+    server_hangup: float | None = None  # client clock: the server's in-band hang-up (AudioSocket), if it sent one
 
     def note_audio(self, now: float, seconds: float, turn: ClientTurn | None) -> None:
         """Agent audio received at `now`, for `turn` (None: the greeting)."""

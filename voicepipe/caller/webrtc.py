@@ -58,7 +58,9 @@ class PeerClient:
         self._drains: list[asyncio.Task] = []
         self._stop_sent = False
         self._key_types: dict[int, int] = {}  # the telephone-event payload types the answer accepted -> rate
-        self._key_ssrc = random.getrandbits(32)
+        self._key_ssrc = random.getrandbits(32)  # the key presses' own RTP stream: its sequence numbers and clock
+        self._key_sequence = random.getrandbits(16)
+        self._key_clock = random.getrandbits(31)
 
     async def __aenter__(self) -> PeerClient:
         import httpx
@@ -130,9 +132,11 @@ class PeerClient:
             raise ConnectionError("the server did not accept telephone events")
         payload_type, rate = max(self._key_types.items(), key=lambda item: item[1])
         transport = next(t.sender.transport for t in self.pc.getTransceivers() if t.kind == "audio")
-        sequence, timestamp = random.getrandbits(16), random.getrandbits(32)
-        for packet in dtmf.event_packets(key, payload_type, self._key_ssrc, sequence, timestamp, rate):
-            await transport._send_rtp(packet.serialize())
+        packets = dtmf.event_packets(key, payload_type, self._key_ssrc, self._key_sequence, self._key_clock, rate)
+        self._key_sequence = (self._key_sequence + len(packets)) % 65536
+        self._key_clock = (self._key_clock + rate) % 2**32  # the next key starts a second of its clock later
+        for packet in packets:
+            await transport._send_rtp(packet.serialize())  # SRTP-protected with the audio's keys
             await asyncio.sleep(0.02)
 
     def __aiter__(self):

@@ -52,6 +52,14 @@ class ToolCall:
     name: str
     arguments: str
 
+    @property
+    def complete(self) -> bool:
+        """Whether the arguments are a whole JSON object (a call cut short by max_tokens is not)."""
+        try:
+            return isinstance(json.loads(self.arguments), dict)
+        except ValueError:
+            return False
+
     def parsed(self) -> dict[str, Any]:
         """The arguments as an object ({} when the text is not a JSON object, e.g. a call cut by max_tokens)."""
         try:

@@ -484,8 +484,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
         reply.turns_before = len(self.session.marks)
         probe = reply.release is not None and self.turns.policy.uses_text  # an early reply tells the policy
-        gen = engine.generate(self.session, messages, tier="priority", max_tokens=self.cfg.max_reply_tokens,
-                              temperature=self.cfg.temperature, seed=seed, end_probe=probe, **self._tool_options())
+        gen = engine.generate(self.session, messages, tier="priority", temperature=self.cfg.temperature, seed=seed,
+                              end_probe=probe, **self._tool_options())
         if probe:
             gen.end_prob.add_done_callback(
                 lambda f: f.cancelled() or self.turns.text_known(reply.segment, f.result(), text))
@@ -499,9 +499,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             await self._speak(reply, gen)
             while gen.tool_calls and len(generations) <= self.cfg.max_tool_rounds:  # the reply goes on after a call
                 results, say = await self._call_tools(reply, gen.tool_calls)
-                gen = engine.generate(self.session, results, tier="priority", max_tokens=self.cfg.max_reply_tokens,
-                                      temperature=self.cfg.temperature, seed=seed,
-                                      **self._tool_options(len(generations), say))
+                gen = engine.generate(self.session, results, tier="priority", temperature=self.cfg.temperature,
+                                      seed=seed, **self._tool_options(len(generations), say))
                 generations.append(gen)
                 await self._speak(reply, gen)
             if reply.stream.end_text() and "first_clause" not in timeline:

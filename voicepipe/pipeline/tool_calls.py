@@ -75,16 +75,20 @@ class ToolCalls:
     `record.tool_calls`; uses `note`, `_emit` and the `ended` event with `end_reason`."""
 
     def _tool_options(self, rounds_done: int = 0, prefix: str = "") -> dict[str, Any]:
-        """What a generation of a reply passes the engine: the tools, and the choice for its round (the first
-        follows the call's tool_choice; after a call "auto" stays "auto", anything else answers in words, as does
-        the last round and a reply that starts with a tool's `say`)."""
+        """What a generation of a reply passes the engine: its token budget, the tools, and the choice for its round
+        (the first follows the call's tool_choice; after a call "auto" stays "auto", anything else answers in
+        words, as does the last round and a reply that starts with a tool's `say`). A round that must call gets
+        `calls.max_tool_call_tokens`; one that may answer in words keeps `calls.max_reply_tokens`."""
+        budget = {"max_tokens": self.cfg.max_reply_tokens}
         if not self.tools:
-            return {}
+            return budget
         choice = self.tool_choice
         if rounds_done:
             last = rounds_done >= self.cfg.max_tool_rounds
             choice = "auto" if choice == "auto" and not last and not prefix else "none"
-        return {"tools": self.tools, "tool_choice": choice, "reply_prefix": prefix}
+        if choice not in ("auto", "none"):
+            budget["max_tokens"] = max(self.cfg.max_reply_tokens, self.cfg.max_tool_call_tokens)
+        return {**budget, "tools": self.tools, "tool_choice": choice, "reply_prefix": prefix}
 
     async def _call_tools(self, reply: _Reply, calls: list[ToolCall]) -> tuple[list[dict[str, str]], str]:
         """Run the reply's tool calls; returns the messages for its next generation and the text to start it with."""
@@ -117,10 +121,13 @@ class ToolCalls:
             entry["error"] = str(exc)
             answer = WebhookAnswer(json.dumps({"error": f"{call.name} failed: {exc}"}))
             log.warning("call %s: tool %s failed: %s", self.call_id, call.name, exc)
+        except asyncio.CancelledError:  # the caller barged in, or hung up
+            entry["error"] = "cancelled: the reply was interrupted"
+            raise
         finally:
             if not task.done():
                 task.cancel()
-        entry["latency_ms"] = round((time.monotonic() - started) * 1000, 1)
+            entry["latency_ms"] = round((time.monotonic() - started) * 1000, 1)
         entry["result_chars"] = len(answer.result)
         record.timeline.setdefault("tool_result", self._since())
         self.note("tool_result", turn=reply.turn, name=call.name, latency_ms=entry["latency_ms"],
@@ -135,6 +142,8 @@ class ToolCalls:
         self.note("tool_filler", turn=reply.turn, text=self.cfg.tool_filler)
 
     async def _tool_answer(self, reply: _Reply, call: ToolCall) -> WebhookAnswer:
+        if not call.complete:
+            raise ToolError(f"the call was cut short at {self.cfg.max_tool_call_tokens} tokens")
         args = call.parsed()
         if call.name == "end_call":
             reply.after = ("end_call", None)

@@ -34,7 +34,7 @@ class KeyPress:
     """A key a WebRTC caller presses: not a frame, an RTP event its link sends (caller/webrtc.py)."""
 
     digit: str
-START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy")
+START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice")
 PROTOCOL_VERSION = 1
 
 
@@ -80,9 +80,11 @@ class NativeSerializer(Serializer):
         if encoding != "pcm16":
             raise ProtocolError("unsupported_codec", f"encoding {encoding!r} (only 'pcm16')"[:100])
         for key, kinds in (("system_prompt", str), ("greeting", (str, type(None))), ("metadata", dict),
-                           ("turn_policy", str)):
+                           ("turn_policy", str), ("tools", (str, list)), ("tool_choice", str)):
             if key in message and not isinstance(message[key], kinds):
                 raise ProtocolError("bad_start", f"start.{key} has the wrong type")
+        if isinstance(message.get("tools"), list) and not all(isinstance(t, str) for t in message["tools"]):
+            raise ProtocolError("bad_start", "start.tools must name tools (strings)")
         call_id = message.get("call_id")
         params = {k: message[k] for k in START_FIELDS if k in message}
         self.supports_marks = message.get("marks") is True

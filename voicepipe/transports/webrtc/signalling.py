@@ -32,7 +32,7 @@ from voicepipe.transports.webrtc.link import PeerLink
 log = logging.getLogger(__name__)
 
 MAX_OFFER_BYTES = 64 * 1024
-START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy")
+START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice")
 
 
 class BadOffer(ValueError):
