@@ -53,7 +53,7 @@ class Pacer:
             turn.speech_start = now
             self.speaking = turn
         if turn.speech_end is None and end >= utt.voiced_end:
-            turn.speech_end = now if utt.keys else now + FRAME_S  # a key goes out at its frame's start
+            turn.speech_end = now if utt.keypad_only else now + FRAME_S  # a key goes out at its frame's start
         self._pos = end
         if end >= len(utt.audio):
             self._queue.pop(0)
