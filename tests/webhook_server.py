@@ -25,6 +25,7 @@ class Webhooks:
     base: str
     routes: dict[str, Route]
     requests: list[tuple[str, dict]] = field(default_factory=list)  # (path, JSON body) in arrival order
+    headers: list[dict[str, str]] = field(default_factory=list)  # each request's headers (names lowercased)
 
     def url(self, path: str) -> str:
         return f"{self.base}{path}"
@@ -42,6 +43,7 @@ def webhook_server(routes: dict[str, Route]) -> Iterator[Webhooks]:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length)
             hooks.requests.append((self.path, json.loads(raw or b"{}")))
+            hooks.headers.append({k.lower(): v for k, v in self.headers.items()})
             route = hooks.routes.get(self.path, Route("not found", 404, content_type="text/plain"))
             time.sleep(route.delay_s)
             data = route.body.encode()

@@ -179,7 +179,7 @@ class WebhookTool(Section):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     url: str = Field(pattern=r"^https?://")
     timeout_s: float = Field(5.0, gt=0.0, le=120.0)  # longer than this: the model hears that it timed out
-    headers: dict[str, str] = Field(default_factory=dict)  # e.g. an Authorization header for your service
+    headers: dict[str, SecretStr] = Field(default_factory=dict)  # e.g. an Authorization header (masked in config show)
 
 
 BUILTIN_TOOLS = ("end_call", "transfer_call", "send_dtmf")

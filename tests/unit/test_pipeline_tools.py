@@ -44,6 +44,7 @@ def test_a_webhook_tools_result_goes_back_to_the_model_and_its_say_starts_the_re
             await played_out(h)
             await h.settle(lambda: h.call.state is CallState.LISTENING)
             (body,) = hooks.bodies("/orders")
+            assert hooks.headers[0]["x-key"] == "k" and hooks.headers[0]["content-type"] == "application/json"
             assert body == {"call_id": h.call.call_id, "transport": "native", "tool": "lookup_order",
                             "arguments": {"order_id": "4217"}, "metadata": {"account": "A-1"}}
             assert h.engine.calls[1] == [{"role": "tool", "content": answer}]

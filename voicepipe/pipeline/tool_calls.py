@@ -167,7 +167,8 @@ class ToolCalls:
             raise ToolError("no such tool")
         payload = {"call_id": self.call_id, "transport": self.record.transport, "tool": call.name,
                    "arguments": args, "metadata": self.record.metadata}
-        return await call_webhook(tool.url, payload, tool.timeout_s, tool.headers, self.cfg.tool_result_chars)
+        headers = {name: value.get_secret_value() for name, value in tool.headers.items()}
+        return await call_webhook(tool.url, payload, tool.timeout_s, headers, self.cfg.tool_result_chars)
 
     def output_can_send_dtmf(self) -> bool:
         return bool(getattr(self.output, "can_send_dtmf", False))
