@@ -1,10 +1,14 @@
 """The keypad (DTMF): key presses collect into an entry that ends at the terminator (`calls.dtmf_terminator`), a
 pause (`calls.dtmf_timeout_ms`) or `calls.dtmf_max_digits`, then enter the conversation as the caller's turn, the
 text "[keypad: 4 2 1 7]" the LLM sees plainly. A key while the agent talks interrupts it as speech does; a key
-while the caller's own speech turn is still open ends that turn, and its words open the keypad turn's message."""
+while the caller's own speech turn is still open ends that turn, and its words open the keypad turn's message.
+
+With `calls.preemptive_generation`, each key also starts the reply to the entry as it stands, held like a spoken
+turn's early reply: the next key drops it, the entry's end releases it (its audio may already be synthesized)."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import time
@@ -34,9 +38,9 @@ class Keypad:
     """CallSession's keypad (a mixin).
 
     Reads `cfg`, `state`, `closed`, `stt`, `_loop`, `_reply`; reads and writes `_keys`, `_keys_started`,
-    `_keys_timer`, `_turns`, `_early`, `_stt_turn_active`, `_next_timeline`, `_last_activity`, `state` and
-    `record.turns`. Uses CallSession's `_barge_in`, `_drop_early_reply`, `_stt_end`, `_open_speech`,
-    `_start_reply`, `note` and `_since`."""
+    `_keys_timer`, `_turns`, `_early` (a held reply to the keys so far has `record.dtmf` set), `_stt_turn_active`,
+    `_next_timeline`, `_last_activity`, `state` and `record.turns`. Uses CallSession's `_barge_in`, `_release`,
+    `_drop_early_reply`, `_run_reply`, `_stt_end`, `_open_speech`, `_start_reply`, `note` and `_since`."""
 
     def push_dtmf(self, digit: str) -> None:
         """One key press from the transport (0-9, *, #, A-D; anything else is logged and dropped)."""
@@ -62,6 +66,7 @@ class Keypad:
             self._keypad_turn(self._keys)
             return
         self._keys_timer = self._loop.call_later(self.cfg.dtmf_timeout_ms / 1000, self._keys_paused)
+        self._speculate("".join(self._keys))
 
     def _keys_paused(self) -> None:
         self._keys_timer = None
@@ -73,22 +78,44 @@ class Keypad:
             self._keys_timer.cancel()
             self._keys_timer = None
 
+    def _speculate(self, entry: str) -> None:
+        """Start the reply to `entry` now, held until the entry ends (and dropped if another key comes first)."""
+        early = self._early
+        if early is not None and early.record.dtmf is not None:
+            self._drop_early_reply()  # the entry went on
+        if (not self.cfg.preemptive_generation or self._early is not None or self._stt_turn_active
+                or self.state is not CallState.LISTENING):
+            return
+        turn = self._turns + 1
+        reply = _Reply(turn, self._open_speech(turn), record=TurnRecord(turn, dtmf=entry), release=asyncio.Event())
+        reply.transcript = _with_keys(None, keypad_text(entry))
+        self._early = reply
+        self.note("early_reply", turn=turn)
+        reply.task = asyncio.create_task(self._run_reply(reply), name=f"early-keys-{self.call_id}-{turn}")
+
     def _keypad_turn(self, keys: list[str]) -> None:
-        """The entry is complete: it becomes the caller's turn."""
+        """The entry is complete: it becomes the caller's turn (its held reply, when one answers the same keys)."""
         entry, started = "".join(keys), self._keys_started
         self._keys, self._keys_started = [], None
+        early = self._early if self._early is not None and self._early.record.dtmf is not None else None
+        if early is not None and early.record.dtmf != entry:
+            self._drop_early_reply()
+            early = None
         if self._reply is not None:  # a reply to speech began while the caller was typing
             self._barge_in(by_keys=True)
-        words = self._end_speech_turn()
+        words = self._end_speech_turn() if early is None else None
         self._turns += 1
         now = self._since()
-        record = TurnRecord(self._turns, dtmf=entry,
-                            timeline={"dtmf_start": started if started is not None else now, "dtmf_end": now,
-                                      "end_of_turn": now})
-        self.record.turns.append(record)
+        timeline = {"dtmf_start": started if started is not None else now, "dtmf_end": now, "end_of_turn": now}
         self.state = CallState.THINKING
         self.note("keypad", turn=self._turns, digits=entry)
         log.info("call %s: keypad entry %r is turn %d", self.call_id, entry, self._turns)
+        if early is not None:
+            self._early = None
+            self._release(early, timeline)
+            return
+        record = TurnRecord(self._turns, dtmf=entry, timeline=timeline)
+        self.record.turns.append(record)
         reply = _Reply(self._turns, self._open_speech(self._turns), record=record)
         reply.transcript = _with_keys(words, keypad_text(entry))
         self._start_reply(reply)
@@ -96,6 +123,8 @@ class Keypad:
     def _end_speech_turn(self) -> concurrent.futures.Future | None:
         """The caller's speech turn still open (no end of turn yet) ends here, unanswered: its final transcript."""
         if not self._stt_turn_active:
+            if self._early is not None:  # a held reply to keys the caller went on from
+                self._drop_early_reply()
             return None
         self._stt_turn_active = False
         self._next_timeline = {}

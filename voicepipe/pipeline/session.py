@@ -483,7 +483,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         engine = self.res.engine
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
         reply.turns_before = len(self.session.marks)
-        probe = reply.release is not None and self.turns.policy.uses_text  # an early reply tells the policy
+        # an early reply to speech tells the policy how finished the words are (keys need no such evidence)
+        probe = reply.release is not None and record.dtmf is None and self.turns.policy.uses_text
         gen = engine.generate(self.session, messages, tier="priority", temperature=self.cfg.temperature, seed=seed,
                               end_probe=probe, **self._tool_options())
         if probe:
