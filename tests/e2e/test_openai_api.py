@@ -249,16 +249,16 @@ def test_tool_call_arguments_are_schema_valid_every_time(client):
             messages=[{"role": "user", "content": f"Book a table for Ada, {seed % 6 + 1} guests at 7pm, or look up "
                                                   f"order {4000 + seed}."}])
 
-    jobs = [(seed, "required") for seed in range(8)] + \
-        [(seed, {"type": "function", "function": {"name": "book_table"}}) for seed in range(8, 16)]
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    jobs = [(seed, "required") for seed in range(6)] + \
+        [(seed, {"type": "function", "function": {"name": "book_table"}}) for seed in range(6, 12)]
+    with ThreadPoolExecutor(max_workers=12) as pool:  # concurrent, so the engine batches them
         replies = list(pool.map(ask, jobs))
     names = []
     for reply in replies:
         (call,) = reply.choices[0].message.tool_calls
         assert_valid_call(call)
         names.append(call.function.name)
-    assert names[8:] == ["book_table"] * 8
+    assert names[6:] == ["book_table"] * 6
 
 
 def test_streamed_tool_call_deltas_add_up_to_the_whole_call(client):
