@@ -3,6 +3,7 @@ notice to the telephony bridge. Every failure is a `ToolError` whose message the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +23,12 @@ class WebhookAnswer:
 
 async def post_json(url: str, payload: dict[str, Any], timeout_s: float,
                     headers: dict[str, str] | None = None) -> httpx.Response:
-    """POST `payload` as JSON; a timeout, a refused connection or an HTTP error status is a ToolError."""
+    """POST `payload` as JSON; a timeout (of the whole exchange, not only of each read), a refused connection or an
+    HTTP error status is a ToolError."""
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
+        async with asyncio.timeout(timeout_s), httpx.AsyncClient(timeout=timeout_s) as client:
             response = await client.post(url, json=payload, headers=headers or {})
-    except httpx.TimeoutException:
+    except (httpx.TimeoutException, TimeoutError):
         raise ToolError(f"no answer within {timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise ToolError(f"the service could not be reached ({type(exc).__name__})") from None
