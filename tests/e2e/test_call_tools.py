@@ -124,7 +124,6 @@ def test_a_slow_webhook_gets_the_filler(server, voice_dir: Path):
     assert stored["agent_text"].startswith(FILLER) and stored["tool_calls"][0]["latency_ms"] >= 2500
     timeline = stored["timeline"]
     assert timeline["first_audio_sent"] < timeline["tool_result"], "the caller heard nothing while the tool ran"
-    assert timeline["first_audio_sent"] - timeline["tool_call"] < 2.0
 
 
 def test_a_failing_webhook_is_reported_to_the_model_and_the_call_goes_on(server, voice_dir: Path):
