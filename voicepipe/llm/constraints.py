@@ -81,6 +81,11 @@ class GrammarConstraint:
         self._matcher.consume_token(token_id)
         self._consumed += 1
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows no alternative to from here (llguidance's fast-forward tokens): the engine
+        appends them without a decode step each, e.g. a tool call's `<tool_call>{"name":"...","arguments":`."""
+        return list(self._matcher.compute_ff_tokens())
+
     @property
     def finished(self) -> bool:
         """True once the output is complete (the only token left is end-of-sequence)."""
