@@ -123,8 +123,9 @@ class FakeSpeech:
 
 
 class FakeGeneration:
-    def __init__(self, engine, words: list[str], end_prob: float | None = None) -> None:
+    def __init__(self, engine, words: list[str], end_prob: float | None = None, tool_calls: list | None = None) -> None:
         self.engine, self.words = engine, words
+        self.tool_calls = tool_calls or []  # a scripted call: no words
         self.stats = SimpleNamespace(prompt_tokens=40, cached_prompt_tokens=30, output_tokens=len(words))
         self.end_prob = asyncio.get_running_loop().create_future()
         self.end_prob.set_result(end_prob)
@@ -174,6 +175,8 @@ class FakeEngine:
         self.break_after: int | None = None  # a generation fails (LLMError) after this many words
         self.end_prob: float | None = None  # what an early reply's end probe gives
         self.probes: list[bool] = []  # each generate's end_probe
+        self.tool_options: list[dict] = []  # each generate's tools, tool_choice, reply_prefix and max_tokens
+        self.tool_script: list = []  # ToolCalls the next generations make (one each, in order), then words
 
     def open_session(self, system_prompt=None):
         self.session = FakeSession(system_prompt=system_prompt, busy=False, closed=False, marks=[])
@@ -186,7 +189,12 @@ class FakeEngine:
         self.seeds.append(kw.get("seed"))
         self.probes.append(kw.get("end_probe", False))
         session.marks.append(len(self.calls))  # a turn begins
-        return FakeGeneration(self, self.reply.split(" "), self.end_prob if kw.get("end_probe") else None)
+        self.tool_options.append({k: kw[k] for k in ("tools", "tool_choice", "reply_prefix", "max_tokens") if k in kw})
+        end_prob = self.end_prob if kw.get("end_probe") else None
+        if self.tool_script and kw.get("tool_choice") not in (None, "none"):
+            return FakeGeneration(self, [], end_prob, [self.tool_script.pop(0)])
+        words = (kw.get("reply_prefix") or "").split() + self.reply.split(" ")
+        return FakeGeneration(self, words, end_prob)
 
     def rollback_reply(self, session, heard_tokens: int) -> None:
         self.rollbacks.append(heard_tokens)

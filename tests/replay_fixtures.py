@@ -36,8 +36,9 @@ TURNS = [
 
 
 def write_recording(directory: Path, *, truncated: bool = False, transport: str = "twilio",
-                    greeting: str | None = "Hi there.") -> Path:
-    """A 10 s stereo recording (caller left: a tone; agent right: silence) and its events, two turns."""
+                    greeting: str | None = "Hi there.", keys: tuple[tuple[float, str], ...] = ()) -> Path:
+    """A 10 s stereo recording (caller left: a tone; agent right: silence) and its events, two turns (and the
+    caller's `keys`: (t, key) dtmf events)."""
     directory.mkdir(parents=True, exist_ok=True)
     caller = np.concatenate([np.zeros(RATE, np.int16), tone(1.0), np.zeros(8 * RATE, np.int16)])
     write_wav(directory / "call.wav", [caller, np.zeros_like(caller)])
@@ -49,7 +50,7 @@ def write_recording(directory: Path, *, truncated: bool = False, transport: str 
               {"t": 7.0, "type": "vad", "kind": "speech_start"},
               {"t": 7.4, "type": "clear"},
               {"t": 7.4, "type": "barge_in", "turn": 2, "heard_text": "Booked for tomorrow"},
-              TURNS[1]]
+              TURNS[1], *({"t": t, "type": "dtmf", "digit": key} for t, key in keys)]
     lines = [json.dumps(e) for e in events]
     if truncated:
         lines.append('{"t": 9.5, "type": "agent_au')  # the process died mid-line

@@ -247,14 +247,18 @@ def bench_call(
     remote: Annotated[bool, typer.Option(
         help="Run the calls with the LLM in process, then with the LLM on a second voicepipe's /v1 "
              "(llm.backend = openai): remote_over_local_v2v and the remote cached fraction.")] = False,
+    dtmf_turns: Annotated[int, typer.Option(min=0, help="Keypad entries typed in one more call (0: none).")] = 10,
+    voice: Annotated[bool, typer.Option(help="Run the spoken calls (--no-voice: the keypad call only).")] = True,
 ) -> None:
-    """N concurrent multi-turn Twilio calls: voice-to-voice, response latency and TTFT turn N over turn 2."""
+    """N concurrent multi-turn Twilio calls: voice-to-voice, response latency and TTFT turn N over turn 2; then one
+    call of keypad entries: dtmf_response_ms."""
     from voicepipe.bench.call import run_call_bench
 
     if remote:
         _bench_remote(json_file, calls or [1], turns)
         return
-    report = run_call_bench(settings_with(), calls or [1, 4], turns, url, token, progress=console.print)
+    report = run_call_bench(settings_with(), calls or [1, 4], turns, url, token, progress=console.print,
+                            dtmf_turns=dtmf_turns, voice=voice)
     if json_file is not None:
         json_file.write_text(json.dumps(report, indent=2))
     table = Table("calls", "turn policy", "v2v p50", "v2v p95", "response p50", "response p95", "TTFT p50",
@@ -266,6 +270,12 @@ def bench_call(
     console.print(table)
     console.print(f"voice_to_voice_ratio ({report['policies'][-1]} / silence) by calls: "
                   f"{report['voice_to_voice_ratio_by_calls']}")
+    if "dtmf" in report:
+        keys = report["dtmf_response_ms"]
+        console.print(f"dtmf_response_ms p50 {keys['p50']} / p95 {keys['p95']} over {keys['n']} keypad turns "
+                      f"(target p50 <= {report['dtmf_response_target_p50_ms']:g}: "
+                      f"{'met' if report['dtmf_response_meets_target'] else 'NOT met'}; "
+                      f"over the spoken response: {report['dtmf_response_over_response']})")
 
 
 def _bench_remote(json_file: Path | None, calls: list[int], turns: int) -> None:

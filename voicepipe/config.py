@@ -194,6 +194,23 @@ class IceServer(Section):
     credential: SecretStr | None = None
 
 
+class WebhookTool(Section):
+    """A tool of your own the agent may call in a call: its name, what it does and its arguments' JSON schema (what
+    the model sees), and the URL the server POSTs each call to (`{"call_id", "transport", "tool", "arguments",
+    "metadata"}`). The answer (text or JSON, cut to `calls.tool_result_chars`) goes back to the model as the tool's
+    result; a JSON object's "say" text is spoken word for word as the start of the agent's reply."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    url: str = Field(pattern=r"^https?://")
+    timeout_s: float = Field(5.0, gt=0.0, le=120.0)  # longer than this: the model hears that it timed out
+    headers: dict[str, SecretStr] = Field(default_factory=dict)  # e.g. an Authorization header (masked in config show)
+
+
+BUILTIN_TOOLS = ("end_call", "transfer_call", "send_dtmf")
+
+
 class CallSettings(Section):
     """Per-call pipeline defaults (a call's start message may override the prompt and the greeting)."""
 
@@ -242,6 +259,41 @@ class CallSettings(Section):
     max_connections_per_client: int = Field(64, ge=0)
     # Twilio's account auth token: when set, /ws/twilio requires a valid X-Twilio-Signature on the upgrade request
     twilio_auth_token: SecretStr | None = None
+
+    # Keypad (DTMF): keys collect into an entry until the terminator ("" for none), a pause of dtmf_timeout_ms or
+    # dtmf_max_digits keys; the entry is then the caller's turn, "[keypad: 4 2 1 7]" to the LLM.
+    dtmf_timeout_ms: int = Field(2000, ge=50, le=60000)
+    dtmf_max_digits: int = Field(16, ge=1, le=64)
+    dtmf_terminator: Literal["#", "*", ""] = "#"
+    # Tools the agent may call (README, "Tools in calls"): built-ins by name (end_call: hang up after its goodbye;
+    # transfer_call: to transfer_target or where the model says, via the native protocol's event and
+    # transfer_webhook; send_dtmf: where the transport can send digits) and webhook tools of your own. None by
+    # default: the tools' description lengthens every call's prompt.
+    tools: list[Literal["end_call", "transfer_call", "send_dtmf"]] = Field(default_factory=list)
+    webhook_tools: list[WebhookTool] = Field(default_factory=list)
+    # "auto" (the model decides; a small model seldom calls), "required" (every reply starts with a call), "none",
+    # or a tool's name (every reply calls it); after a call the reply goes on under "auto" (if it was) or "none"
+    tool_choice: str = "auto"
+    max_tool_rounds: int = Field(2, ge=1, le=10)  # tool calls in one reply; the last round must answer in words
+    # the token budget of a generation that must call a tool (tool_choice required or a name); one that may answer
+    # in words ("auto") keeps max_reply_tokens, so a call it makes must fit in that
+    max_tool_call_tokens: int = Field(96, ge=16, le=4096)
+    tool_filler_ms: int = Field(1000, ge=0, le=60000)  # a tool running longer than this gets tool_filler (0: never)
+    tool_filler: str = "One moment, please."
+    tool_result_chars: int = Field(2000, ge=16, le=100000)  # a longer result is cut before the model reads it
+    transfer_target: str | None = None  # where transfer_call goes (None: the model names it)
+    transfer_webhook: str | None = Field(None, pattern=r"^https?://")  # POSTed {call_id, transport, target, ...}
+    transfer_timeout_s: float = Field(5.0, gt=0.0, le=60.0)
+
+    @model_validator(mode="after")
+    def _tools_are_known(self) -> CallSettings:
+        names = [t.name for t in self.webhook_tools]
+        clash = sorted({n for n in names if n in BUILTIN_TOOLS or names.count(n) > 1})
+        if clash:
+            raise ValueError(f"webhook tool names must be unique and not a built-in's: {', '.join(clash)}")
+        if self.tool_choice not in ("auto", "required", "none", *self.tools, *names):
+            raise ValueError(f"tool_choice {self.tool_choice!r} is not auto, required, none or one of the tools")
+        return self
 
 
 class SipAgent(Section):
@@ -300,6 +352,13 @@ class Settings(BaseSettings):
     calls: CallSettings = Field(default_factory=CallSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     sip: SipSettings = Field(default_factory=SipSettings)
+
+    @model_validator(mode="after")
+    def _tools_need_the_local_engine(self) -> Settings:
+        if self.llm.backend != "local" and (self.calls.tools or self.calls.webhook_tools):
+            raise ValueError("calls.tools and calls.webhook_tools need the in-process engine (llm.backend = "
+                             "\"local\"): a remote backend's tool calls are not read yet")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -278,7 +278,8 @@ def wait_for_page(page, js: str, timeout_s: float, app):
 
 
 def test_softphone_in_headless_chromium(server, voice_dir: Path) -> None:
-    """The page's microphone says one sentence: the page shows its transcript and plays the agent's reply."""
+    """The page's microphone says one sentence: the page shows its transcript and plays the agent's reply; then
+    its keypad presses 4, 2, # (Chromium's RTCDTMFSender: RFC 4733 events), which reach the call as a turn."""
     base, app = server
     wav = caller_wav(voice_dir, speak("What is the capital of France?", voice_dir), lead_s=4.0, tail_s=1.0)
     flags = ("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
@@ -298,6 +299,12 @@ def test_softphone_in_headless_chromium(server, voice_dir: Path) -> None:
                    and app.state.calls.active[call_id].state.value == "listening", 60, "the reply to play out")
         after = page.evaluate(INBOUND_AUDIO_JS)
         playing = page.evaluate("!document.querySelector('#agent-audio').paused")
+        # The keypad: Chromium sends RFC 4733 telephone events, and the keys are the caller's next turn.
+        for key in "42#":
+            page.click(f"#keypad button[data-key='{key}']")
+            time.sleep(0.3)
+        wait_until(lambda: any(t.dtmf == "42" for t in app.state.calls.active[call_id].record.turns), 30,
+                   "the page's keys to make a keypad turn")
         # The fake microphone's file is over, but the page still sends (silent) audio: the call lives on.
         time.sleep(max(0.0, started + 8.0 + 12.0 - time.monotonic()))
         assert page.evaluate("window.softphone.state") == "in call"
@@ -318,3 +325,5 @@ def test_softphone_in_headless_chromium(server, voice_dir: Path) -> None:
     assert record.end_reason == "hangup", record.end_reason  # the page's stop on the data channel
     assert "capital" in answered.user_text.lower()
     assert answered.agent_text.strip()
+    keys = next(t for t in record.turns if t.dtmf)
+    assert keys.user_text == "[keypad: 4 2]" and keys.turn > turn

@@ -214,3 +214,27 @@ async def test_raw_completion_matches_generate_and_hits_prefix_cache(engine, eng
     with pytest.raises(EmptyMessagesError):
         engine.complete("", max_tokens=2)
     await still_serves(engine)
+
+
+def test_what_a_grammar_forces_takes_no_decode_step_of_its_own(engine):
+    """A named tool call's head and a reply prefix are appended as the grammar forces them and computed in one
+    chunk: the request takes fewer steps than it has tokens, and says exactly what greedy decoding would."""
+    tools = [{"name": "lookup_order", "parameters": {"type": "object", "additionalProperties": False,
+                                                     "required": ["order_id"],
+                                                     "properties": {"order_id": {"type": "string",
+                                                                                 "pattern": "^[0-9]{4}$"}}}}]
+    ask = [{"role": "user", "content": "Where is my order 4217?"}]
+
+    async def run(**options):
+        steps = engine.counters["steps"]
+        gen = engine.generate(None, ask, max_tokens=60, **options)
+        async for _ in gen:
+            pass
+        return gen, engine.counters["steps"] - steps
+
+    call, call_steps = asyncio.run(run(tools=tools, tool_choice="lookup_order"))
+    assert [(c.name, c.arguments) for c in call.tool_calls] == [("lookup_order", '{"order_id":"4217"}')]
+    assert call_steps < call.stats.output_tokens / 2, (call_steps, call.stats.output_tokens)
+    said, said_steps = asyncio.run(run(reply_prefix="Your order has shipped and arrives on Friday."))
+    assert said.text.startswith("Your order has shipped and arrives on Friday.")
+    assert said_steps < said.stats.output_tokens, (said_steps, said.stats.output_tokens)

@@ -216,3 +216,126 @@ def test_flex_completes_while_priority_keeps_arriving(client):
     assert flex.service_tier == "flex"
     assert flex.usage.completion_tokens > 0
     assert finished_during_load and len(priority_served) >= 3
+
+
+# -- tools ---------------------------------------------------------------------------------------------------------
+ORDER_TOOL = {"type": "function", "function": {
+    "name": "lookup_order", "description": "Look up an order's status by its number.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["order_id"],
+                   "properties": {"order_id": {"type": "string", "pattern": "^[0-9]{3,8}$"}}}}}
+BOOKING_TOOL = {"type": "function", "function": {
+    "name": "book_table", "description": "Book a table at the restaurant.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["name", "guests", "time"],
+                   "properties": {"name": {"type": "string", "maxLength": 30},
+                                  "guests": {"type": "integer", "minimum": 1, "maximum": 20},
+                                  "time": {"type": "string", "enum": ["18:00", "19:00", "20:00"]},
+                                  "notes": {"type": "array", "maxItems": 3,
+                                            "items": {"type": "string", "maxLength": 20}}}}}}
+END_TOOL = {"type": "function", "function": {"name": "end_call", "description": "Hang up the phone.",
+                                             "parameters": {"type": "object", "properties": {}}}}
+TOOLS = [ORDER_TOOL, BOOKING_TOOL, END_TOOL]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def assert_valid_call(call) -> dict:
+    """A call names one of the tools, and its arguments parse and validate against that tool's schema."""
+    assert call.type == "function" and call.id.startswith("call_")
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, SCHEMAS[call.function.name])
+    return arguments
+
+
+def test_a_named_tool_choice_returns_a_schema_valid_call(client):
+    reply = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=60, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "lookup_order"}},
+        messages=[{"role": "user", "content": "Where is my order 4217?"}])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "lookup_order"
+    assert assert_valid_call(call) == {"order_id": "4217"}  # the small model copies a number it was given
+
+
+def test_tool_call_arguments_are_schema_valid_every_time(client):
+    """The target: 100 % schema-valid arguments, here over sampled (temperature 1) replies under `required`, whatever
+    tool the model picks, and the nested booking schema forced."""
+    def ask(args):
+        seed, choice = args
+        return client.chat.completions.create(
+            model=MODEL, seed=seed, temperature=1.0, max_tokens=80, tools=TOOLS, tool_choice=choice,
+            messages=[{"role": "user", "content": f"Book a table for Ada, {seed % 6 + 1} guests at 7pm, or look up "
+                                                  f"order {4000 + seed}."}])
+
+    jobs = [(seed, "required") for seed in range(6)] + \
+        [(seed, {"type": "function", "function": {"name": "book_table"}}) for seed in range(6, 12)]
+    with ThreadPoolExecutor(max_workers=12) as pool:  # concurrent, so the engine batches them
+        replies = list(pool.map(ask, jobs))
+    names = []
+    for reply in replies:
+        (call,) = reply.choices[0].message.tool_calls
+        assert_valid_call(call)
+        names.append(call.function.name)
+    assert names[6:] == ["book_table"] * 6
+
+
+def test_streamed_tool_call_deltas_add_up_to_the_whole_call(client):
+    args = {"model": MODEL, "temperature": 0, "max_tokens": 80, "tools": TOOLS, "tool_choice": "required",
+            "messages": [{"role": "user", "content": "Book a table for Ada, 4 guests, at 7pm."}]}
+    whole = client.chat.completions.create(**args).choices[0].message.tool_calls[0]
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert len(deltas) > 2, "the arguments should stream in pieces"
+    first = deltas[0]
+    assert first.id and first.type == "function" and first.function.name == whole.function.name
+    assert all(d.index == 0 and d.id is None for d in deltas[1:])
+    assert "".join(d.function.arguments or "" for d in deltas) == whole.function.arguments
+    assert all(not (c.choices[0].delta.content or "") for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert_valid_call(whole)
+
+
+def test_a_tool_result_goes_back_and_the_model_answers_in_text(server, client):
+    messages = [{"role": "user", "content": "Where is my order 4217?"}]
+    first = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=60, tools=TOOLS,
+                                           tool_choice="required", messages=messages)
+    call = first.choices[0].message.tool_calls[0]
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "Order 4217 has shipped; it arrives Friday."}]
+    reply = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=30, tools=TOOLS,
+                                           tool_choice="none", messages=messages)
+    choice = reply.choices[0]
+    assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
+    text = choice.message.content
+    assert text and not text.startswith("<"), text  # "none" allows no call, not even one copied as text
+    # The call went back into the conversation as the model wrote it: resending the same turns hits the cache.
+    again = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=30, tools=TOOLS,
+                                           tool_choice="none", messages=messages)
+    assert again.choices[0].message.content == text
+    assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens
+
+
+def test_auto_lets_the_model_answer_in_text(client):
+    """Under "auto" the small default model answers in text (it does not start calls on its own; README)."""
+    reply = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=20, tools=TOOLS,
+                                           messages=[{"role": "user", "content": "What is the capital of France?"}])
+    message = reply.choices[0].message
+    if message.tool_calls:  # a call is allowed, and then it is a valid one
+        assert_valid_call(message.tool_calls[0])
+    else:
+        assert message.content and reply.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "order_pizza"}}},
+    {"tool_choice": "required"},
+    {"tools": [{"type": "function", "function": {"name": "bad name!", "parameters": {"type": "object"}}}]},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+    {"tools": TOOLS, "response_format": {"type": "json_object"}},
+    {"tools": [ORDER_TOOL, ORDER_TOOL]},
+])
+def test_bad_tool_requests_are_400(client, kwargs):
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+                                       **kwargs)

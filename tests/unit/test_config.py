@@ -101,3 +101,29 @@ def test_a_list_setting_from_the_environment_that_is_no_json_is_one_settings_err
     with pytest.raises(SettingsError, match="error parsing value for field \"calls\"") as info:
         load_settings()
     assert "takes JSON in an environment variable" in str(info.value)
+
+
+@pytest.mark.parametrize(("calls", "needle"), [
+    ({"webhook_tools": [{"name": "end_call", "url": "http://x"}]}, "not a built-in's: end_call"),
+    ({"webhook_tools": [{"name": "a", "url": "http://x"}, {"name": "a", "url": "http://y"}]}, "unique"),
+    ({"webhook_tools": [{"name": "has space", "url": "http://x"}]}, "calls.webhook_tools.0.name"),
+    ({"webhook_tools": [{"name": "a", "url": "ftp://x"}]}, "calls.webhook_tools.0.url"),
+    ({"tools": ["order_pizza"]}, "calls.tools.0"),
+    ({"tool_choice": "lookup"}, "tool_choice 'lookup' is not auto, required, none or one of the tools"),
+    ({"dtmf_terminator": "5"}, "calls.dtmf_terminator"),
+])
+def test_call_tools_and_keypad_settings_are_checked(calls, needle):
+    with pytest.raises(SettingsError, match=needle):
+        load_settings(overrides={"calls": calls})
+
+
+def test_a_webhook_tool_from_toml_with_its_secret_header(tmp_path):
+    config = tmp_path / "voicepipe.toml"
+    config.write_text('[calls]\ntools = ["end_call"]\ntool_choice = "lookup"\n[[calls.webhook_tools]]\n'
+                      'name = "lookup"\nurl = "https://example.com/hook"\nheaders = { authorization = "Bearer s3"}\n')
+    settings = load_settings(config)
+    (tool,) = settings.calls.webhook_tools
+    assert tool.headers["authorization"].get_secret_value() == "Bearer s3"
+    assert tool.parameters == {"type": "object", "properties": {}} and tool.timeout_s == 5.0
+    shown = json.loads(run_cli("--config", str(config), "config", "show").stdout)
+    assert shown["calls"]["webhook_tools"][0]["headers"] == {"authorization": "**********"}

@@ -57,8 +57,8 @@ def labelled() -> Scrape:
     call = CallRecord("c-1", "twilio")
     metrics.call_started(call)
     metrics.turn_finished(call, decide(TurnRecord(1, interrupted=True, error="boom", timings_ms={
-        "voice_to_voice": 500.0, "response": 400.0, "stt_final": 100.0, "tts_first_audio": 50.0, "send_delay": 1.0}),
-        reopened=1))
+        "voice_to_voice": 500.0, "response": 400.0, "stt_final": 100.0, "tts_first_audio": 50.0, "send_delay": 1.0,
+        "dtmf_response": 300.0}, tool_calls=[{"name": "end_call", "latency_ms": 0.2, "error": None}]), reopened=1))
     metrics.event(call, {"t": 1.0, "type": "barge_in", "turn": 1})
     metrics.call_started(CallRecord("c-2", "twilio"))
     call.outcome = "completed"
@@ -75,7 +75,7 @@ def test_the_dashboard_has_the_panels_the_operators_need():
     titles = " | ".join(panel["title"] for panel in dashboard()["panels"]).lower()
     for needed in ("voice-to-voice p50 / p95 by transport", "ttft p95 by turn", "inter-token", "queue time",
                    "kv cache blocks", "calls", "prefix-cache hit rate", "barge-ins", "errors",
-                   "end-of-turn wait p50 / p95 by policy", "reopened turns"):
+                   "end-of-turn wait p50 / p95 by policy", "reopened turns", "tool call latency", "keypad response"):
         assert needed in titles
     for panel in dashboard()["panels"]:
         assert panel["targets"], f"panel {panel['title']!r} has no query"

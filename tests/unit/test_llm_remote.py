@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tests.net_helpers import free_port
 from voicepipe.config import load_settings
-from voicepipe.llm.errors import SessionBusyError
+from voicepipe.errors import SettingsError
+from voicepipe.llm.errors import InvalidRequestError, SessionBusyError
 from voicepipe.llm.remote import RemoteBackendError, RemoteEngine
 
 
@@ -288,3 +289,22 @@ def test_a_request_cancelled_before_it_ran_frees_the_session_and_wakes_its_reade
     session, pieces, gen = asyncio.run(asyncio.wait_for(run(), 5))
     assert pieces == [] and gen.finish_reason == "cancelled" and not session.busy
     assert engine.counters["cancelled"] == 1
+
+
+def test_tools_are_refused_over_a_remote_backend(server) -> None:
+    """A remote server's tool calls are not read yet: the settings refuse calls.tools with a remote backend, and a
+    call that brings its own tools gets a clear error rather than a reply that silently ignores them."""
+    base, _ = server
+    with pytest.raises(SettingsError, match="need the in-process engine"):
+        load_settings(overrides={"llm": {"backend": "openai", "base_url": base}, "calls": {"tools": ["end_call"]}})
+    engine = engine_for(base)
+
+    async def run():
+        session = engine.open_session()
+        with pytest.raises(InvalidRequestError, match="tools are not supported over a remote"):
+            engine.generate(session, [{"role": "user", "content": "Bye"}], tools=[{"type": "function"}])
+        gen, pieces = await reply(engine, session, "Hi")  # the session is untouched: the next turn streams
+        return gen, pieces
+
+    gen, pieces = asyncio.run(run())
+    assert gen.text == "Hello there." and gen.tool_calls == []

@@ -175,6 +175,28 @@ def test_the_call_page_says_what_ended_each_turn_and_marks_reopens_and_backchann
         assert not re.search(r'class="(decision|reopened|backchannel)"', items[plain])
 
 
+def test_the_call_page_shows_a_keypad_turn_and_each_tool_call(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    with TestClient(app) as client:
+        call = CallRecord("call-k", "twilio")
+        keys, tools = full_turn(1, 10.0), full_turn(2, 20.0)
+        keys.dtmf, keys.user_text = "4217", "[keypad: 4 2 1 7]"
+        tools.tool_calls = [{"name": "lookup_order", "arguments": '{"order_id":"4217"}', "t": 21.0,
+                             "latency_ms": 120.4, "result_chars": 40, "error": None},
+                            {"name": "broken", "arguments": "{}", "t": 22.0, "latency_ms": 2000.0,
+                             "result_chars": 60, "error": "no answer within 2 s"}]
+        call.turns = [keys, tools]
+        report_call(app.state.observers, call)
+        stored = client.get("/api/calls/call-k").json()
+        page = client.get("/dashboard/calls/call-k").text
+    assert stored["turns"][0]["dtmf"] == "4217" and stored["turns"][1]["tool_calls"][1]["error"]
+    items = dict(re.findall(r'<li class="turn[^"]*" data-turn="(\d+)">(.*?)</li>', page))
+    assert '<span class="keypad"' in items["1"] and "⌨ 4 2 1 7" in items["1"]
+    assert "<code>lookup_order({&quot;order_id&quot;:&quot;4217&quot;})</code> · 120 ms · 40 chars back" in items["2"]
+    assert '<span class="tool-error">error: no answer within 2 s</span>' in items["2"]
+    assert "dtmf" not in items["2"] and "tool-call" not in items["1"]
+
+
 def test_pages_load_nothing_from_other_hosts(served) -> None:
     client, _ = served
     for url in ("/dashboard", "/dashboard/calls/call-1"):

@@ -81,6 +81,25 @@ def test_end_of_turn_waits_by_policy_and_reopened_turns_by_transport():
     assert s.label_names("voicepipe_turns_reopened_total") == {"transport"}
 
 
+def test_tool_call_latency_by_tool_and_outcome_and_the_keypad_response():
+    metrics = Metrics()
+    call = CallRecord("c-1", "twilio")
+    tools = [{"name": "lookup_order", "latency_ms": 120.0, "error": None},
+             {"name": "lookup_order", "latency_ms": 2000.0, "error": "no answer within 2 s"},
+             {"name": "end_call", "latency_ms": 0.2, "error": None}]
+    metrics.turn_finished(call, TurnRecord(1, tool_calls=tools[:2], timings_ms={"dtmf_response": 420.0}))
+    metrics.turn_finished(call, TurnRecord(2, tool_calls=tools[2:]))
+    s = scrape(metrics)
+    tool = "voicepipe_tool_call_seconds"
+    assert s.value(tool + "_count", tool="lookup_order", outcome="ok") == 1
+    assert s.value(tool + "_sum", tool="lookup_order", outcome="error") == pytest.approx(2.0)
+    assert s.bucket(tool, 0.001, tool="end_call", outcome="ok") == 1
+    assert s.bucket(tool, 0.1, tool="lookup_order", outcome="ok") == 0
+    assert s.bucket(tool, 0.25, tool="lookup_order", outcome="ok") == 1
+    assert s.label_names(tool + "_count") == {"tool", "outcome"}
+    assert s.value("voicepipe_dtmf_response_seconds_sum", transport="twilio") == pytest.approx(0.42)
+
+
 def test_barge_ins_and_turn_errors_are_counted():
     metrics = Metrics()
     telnyx, twilio = CallRecord("c-1", "telnyx"), CallRecord("c-2", "twilio")

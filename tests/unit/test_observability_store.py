@@ -88,6 +88,28 @@ def test_a_version_1_file_is_migrated_and_keeps_its_rows(db: Path) -> None:
     (turn,) = call["turns"]
     assert turn["user_text"] == "hello" and turn["timings_ms"] == {"voice_to_voice": 640.0}
     assert turn["decision"] == {} and turn["reopened"] == [] and turn["backchannels"] == []
+    assert turn["dtmf"] is None and turn["tool_calls"] == []
+
+
+TOOL_CALLS = [{"name": "lookup_order", "arguments": '{"order_id":"4217"}', "t": 3.5, "latency_ms": 120.0,
+               "result_chars": 44, "error": None},
+              {"name": "end_call", "arguments": "{}", "t": 9.0, "latency_ms": 0.1, "result_chars": 20,
+               "error": "timed out after 2.0 s"}]
+
+
+def test_a_keypad_turn_and_a_replys_tool_calls_are_kept_and_queryable(db: Path) -> None:
+    store = CallStore(db)
+    call = make_call("c-1", v2v=[500.0, 600.0])
+    call.turns[0].dtmf = "4217#"
+    call.turns[1].tool_calls = [dict(c) for c in TOOL_CALLS]
+    report_call(store, call)
+    turns = store.get_call("c-1")["turns"]
+    store.close()
+    assert turns[0]["dtmf"] == "4217#" and turns[0]["tool_calls"] == []
+    assert turns[1]["dtmf"] is None and turns[1]["tool_calls"] == TOOL_CALLS
+    with sqlite3.connect(str(db)) as conn:
+        rows = conn.execute("SELECT turn, name FROM tool_calls WHERE error IS NOT NULL").fetchall()
+    assert rows == [(2, "end_call")]
 
 
 def test_a_turns_decision_reopens_and_backchannels_are_kept_and_the_decision_can_be_queried(db: Path) -> None:
@@ -175,12 +197,16 @@ def test_retention_deletes_old_calls_and_their_turns_at_open(db: Path) -> None:
     store = CallStore(db, retention_days=30)
     report_call(store, make_call("old", started=now - 3 * 86400, v2v=[100.0, 200.0]))
     report_call(store, make_call("new", started=now - 3600, v2v=[300.0]))
+    old = make_call("old2", started=now - 3 * 86400, v2v=[100.0])
+    old.turns[0].tool_calls = [dict(TOOL_CALLS[0])]
+    report_call(store, old)
     store.close()
+    assert committed_rows(db, "tool_calls") == 1
 
     store = CallStore(db, retention_days=2)
     assert [c["id"] for c in store.list_calls()] == ["new"]
     store.close()
-    assert committed_rows(db, "turns") == 1
+    assert committed_rows(db, "turns") == 1 and committed_rows(db, "tool_calls") == 0
 
 
 def test_retention_also_runs_periodically(db: Path) -> None:

@@ -14,11 +14,24 @@ TIMELINE = dict(zip(EVENTS, [3.0, 4.2, 4.36, 3.5, 4.36, 4.40, 4.40, 4.43, 4.61, 
 
 def test_stages_from_a_timeline_start_at_the_speech_end_and_follow_the_pipeline() -> None:
     segments = turn_stages({"timeline": TIMELINE, "timings_ms": {}})
-    assert [s.stage for s in segments] == [key for key, *_ in STAGES]
+    assert [s.stage for s in segments] == [key for key, *_ in STAGES if key != "tool"]  # it called no tool
     widths = {s.stage: round(s.ms) for s in segments}
     assert widths == {"end_of_turn": 160, "stt": 40, "queue": 30, "prefill": 180, "first_clause": 240,
                       "tts": 120, "send": 10}
     assert segments[0].start_ms == 0 and segments[-1].end_ms == pytest.approx(780)  # = voice-to-voice
+
+
+def test_a_tool_call_has_its_stage_and_a_keypad_turn_starts_at_its_entrys_end() -> None:
+    timeline = {**TIMELINE, "tool_call": 4.70, "tool_result": 5.90, "first_clause": 4.95, "first_audio_synth": 5.05,
+                "first_audio_sent": 5.06}
+    tool = next(s for s in turn_stages({"timeline": timeline, "timings_ms": {}}) if s.stage == "tool")
+    assert (round(tool.start_ms), round(tool.ms)) == (500, 1200)  # from the caller's speech end at 4.2 s
+    keys = {k: v for k, v in TIMELINE.items() if k not in ("speech_start", "speech_end")}
+    keys.update(dtmf_start=3.9, dtmf_end=4.36)
+    segments = turn_stages({"timeline": keys, "timings_ms": {}})
+    assert segments[0].stage == "stt" and segments[0].start_ms == 0  # its end of turn is the # key
+    svg = waterfall_svg([{"turn": 1, "dtmf": "42", "timeline": keys, "timings_ms": {}}])
+    assert "turn 1 ⌨" in svg
 
 
 def test_the_figures_alone_give_the_same_stages() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from voicepipe.caller import endpoint_url, http_base, split_utterances, voiced_span
-from voicepipe.transports import Cleared, Mark, Media, Start, make_serializer
+from voicepipe.transports import Cleared, Dtmf, Mark, Media, Start, make_serializer
 from voicepipe.transports.serializers import make_caller_serializer
 
 TRANSPORTS = ("twilio", "telnyx", "vonage", "plivo", "exotel", "native")
@@ -46,6 +46,8 @@ def test_client_frames_decode_on_the_server(transport: str) -> None:
 
     [mark] = decode_all(ser, wire.mark_ack("vp:0:3"))
     assert mark == Mark("vp:0:3")
+    keys = [e for d in "09*#AD" for e in decode_all(ser, wire.dtmf(d))]
+    assert keys == [Dtmf(d) for d in "09*#AD"]
     if transport in ("plivo", "vonage"):
         assert decode_all(ser, wire.clear_ack()) == [Cleared()]
 
@@ -96,6 +98,7 @@ def test_audiosocket_wire_against_the_serializer() -> None:
     audio = tone(8000, 0.02)
     [media] = decode_all(ser, wire.audio(audio))
     assert np.array_equal(media.audio, audio)
+    assert decode_all(ser, wire.dtmf("5") + wire.dtmf("#")) == [Dtmf("5"), Dtmf("#")]
     # The server's 20 ms messages, split at arbitrary TCP boundaries, come back whole.
     stream = b"".join(ser.encode_audio(tone(8000, 0.1)))
     parsed = [item for i in range(0, len(stream), 77) for item in wire.parse(stream[i: i + 77])]

@@ -99,11 +99,13 @@ class RecordingObserver:
 
 class Harness:
     def __init__(self, greeting: str | None = None, params: dict | None = None, texts: list[str] | None = None,
-                 backchannels: bool = False):
+                 backchannels: bool = False, **calls):
         settings = Settings()
         settings.calls.greeting = greeting
         settings.calls.barge_in_min_speech_ms = 150
         settings.calls.backchannels = backchannels  # off: any speech of 150 ms over the agent interrupts it
+        for key, value in calls.items():  # other calls.* settings
+            setattr(settings.calls, key, value)
         self.engine = FakeEngine()
         self.stt = FakeSTTStream(texts or ["what time is it", "and tomorrow"])
         synth = SimpleNamespace(open_stream=lambda rate, turn: FakeSpeech(rate, turn))

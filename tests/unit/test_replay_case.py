@@ -24,6 +24,14 @@ def test_a_valid_case_loads_with_defaults(tmp_path: Path) -> None:
     assert (second.barge_in, second.barge_in_stop_ms) == (True, 800)
 
 
+def test_key_presses_load_in_time_order_each_key_at_its_time(tmp_path: Path) -> None:
+    toml = ('[call]\ntransport = "native"\n[[dtmf]]\nat_s = 5\ndigits = "9"\n'
+            '[[dtmf]]\nat_s = 2.0\ndigits = "42#"\ngap_s = 0.25\n')
+    case = load_case(write_case(tmp_path / "c", toml))
+    assert case.keys == [(2.0, "4"), (2.25, "2"), (2.5, "#"), (5, "9")]
+    assert load_case(write_case(tmp_path / "d")).keys == []
+
+
 def test_the_turn_count_defaults_to_the_turn_tables(tmp_path: Path) -> None:
     case = load_case(write_case(tmp_path / "c", '[call]\ntransport = "native"\n[[turn]]\ntranscript = "hi"\n'))
     assert case.turns == 1
@@ -66,6 +74,11 @@ def test_a_stereo_recording_is_read_as_its_left_channel_at_any_rate(tmp_path: Pa
     ('[call]\ntransport = "twilio"\n[[turn]]\ntranscript = "a"\nmax_wer = nan\n', "turn[0].max_wer",
      "must be a number, got nan"),
     ('[call]\ntransport = "twilio"\n[expect]\nresponse_p95_ms = nan\n', "expect.response_p95_ms", "got nan"),
+    ('[call]\ntransport = "twilio"\n[[dtmf]]\nat_s = 1\ndigits = "12x"\n', "dtmf[0].digits", "must be keys"),
+    ('[call]\ntransport = "twilio"\n[[dtmf]]\ndigits = "1"\n', "dtmf[0].at_s", "missing required field"),
+    ('[call]\ntransport = "twilio"\n[[dtmf]]\nat_s = -1\ndigits = "1"\n', "dtmf[0].at_s", "must be >= 0"),
+    ('[call]\ntransport = "twilio"\n[[dtmf]]\nat_s = 1\ndigit = "1"\n', "dtmf[0].digit", "unknown field"),
+    ('[call]\ntransport = "twilio"\n[dtmf]\nat_s = 1\n', "dtmf", "must be an array of tables"),
 ])
 def test_a_malformed_case_names_the_file_and_the_field(tmp_path: Path, toml: str, where: str, problem: str) -> None:
     directory = write_case(tmp_path / "bad", toml)

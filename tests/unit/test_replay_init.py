@@ -39,6 +39,13 @@ def test_init_prefills_the_expectations_from_the_run(tmp_path: Path) -> None:
     assert case.rate == RATE and np.array_equal(case.audio[RATE: 2 * RATE], tone(1.0))
 
 
+def test_the_callers_keys_are_kept_at_their_times(tmp_path: Path) -> None:
+    keys = ((8.1234, "4"), (8.35, "#"))
+    case = load_case(init_case(write_recording(tmp_path / "CA1", keys=keys), tmp_path / "case"))
+    assert case.keys == [(8.123, "4"), (8.35, "#")]
+    assert load_case(init_case(write_recording(tmp_path / "CA2"), tmp_path / "case2")).keys == []
+
+
 def test_no_greeting_is_kept_as_none(tmp_path: Path) -> None:
     case = load_case(init_case(write_recording(tmp_path / "CA1", greeting=None), tmp_path / "case"))
     assert case.greeting == ""

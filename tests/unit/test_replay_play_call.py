@@ -52,3 +52,30 @@ def test_the_whole_channel_arrives_in_order_at_real_time_pace() -> None:
     assert np.percentile(drift_ms, 95) < 150, drift_ms
     assert len(result.send_lag_ms) >= len(arrivals) - 1 and np.percentile(result.send_lag_ms, 95) < 150
     assert result.turns[0].audio_start is not None and result.greeting_audio_s > 0
+
+
+def test_keys_are_pressed_at_their_times_in_the_channel() -> None:
+    """A case's [[dtmf]] keys go out with the frame they fall in, after the channel's audio if need be."""
+    from websockets.asyncio.server import serve
+
+    audio = np.zeros(RATE // 2, np.int16)  # 0.5 s of channel; the last key comes after it
+    first_frame: list[float] = []
+    keys: list[tuple[float, str]] = []
+
+    async def handler(ws) -> None:
+        async for frame in ws:
+            if isinstance(frame, bytes):
+                first_frame[:] = first_frame or [time.monotonic()]
+            elif json.loads(frame)["type"] == "dtmf":
+                keys.append((time.monotonic(), json.loads(frame)["digit"]))
+
+    async def main():
+        async with serve(handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            await play_call(f"ws://127.0.0.1:{port}/ws", "native", audio, RATE, settle_s=0.1, quiet_s=0.1,
+                            fetch_record=False, keys=[(0.8, "#"), (0.2, "4")])
+
+    asyncio.run(main())
+    assert [k for _, k in keys] == ["4", "#"]
+    offsets = [t - first_frame[0] for t, _ in keys]  # the first frame goes out at 0 s of the channel
+    assert 0.15 < offsets[0] < 0.35 and 0.75 < offsets[1] < 0.95, offsets

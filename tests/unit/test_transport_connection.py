@@ -90,3 +90,29 @@ def test_finishing_an_old_call_twice_leaves_a_new_call_with_its_id_live() -> Non
     registry.finish(old)  # the old connection's cleanup, after the hang-up already finished it
     assert registry.active == {"CA1": new}
     assert registry.ended["CA1"] is old.record
+
+
+def test_a_key_press_on_the_wire_reaches_the_call() -> None:
+    """Twilio's `dtmf` message (the recorded fixture's): the digit goes to the call's keypad; with # it is a turn."""
+    async def main():
+        ws, registry = DeafSocket(), CallRegistry()
+        settings = Settings()
+        settings.calls.greeting = None
+        conn = Connection(ws, "twilio", make_serializer("twilio"), settings, fake_call_resources(), registry)
+        run = asyncio.create_task(conn.run())
+        await ws.inbound.put(twilio_frame("start"))
+        while not registry.active:
+            await asyncio.sleep(0.01)
+        call = next(iter(registry.active.values()))
+        digit = json.loads(twilio_frame("dtmf")["text"])["dtmf"]["digit"]
+        await ws.inbound.put(twilio_frame("dtmf"))
+        hash_key = json.loads(twilio_frame("dtmf")["text"])
+        hash_key["dtmf"]["digit"] = "#"
+        await ws.inbound.put({"type": "websocket.receive", "text": json.dumps(hash_key)})
+        while not call.record.turns:
+            await asyncio.sleep(0.01)
+        assert call.record.turns[0].dtmf == digit
+        await conn.cleanup()
+        run.cancel()
+
+    asyncio.run(main())

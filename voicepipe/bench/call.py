@@ -9,6 +9,10 @@ Per run (one per N) the report holds p50/p95/p99 of
 Each N runs once per end-of-turn policy (the call's `turn_policy` parameter): `silence`, the old fixed rule, as
 the baseline, and the configured default; `voice_to_voice_ratio` is the default's voice-to-voice p50 over
 silence's, at the same N.
+Then one call types keypad entries (`--dtmf-turns`, each ended by #): `dtmf_response_ms` is the server's figure
+from the entry's end (the # key) to the first agent audio handed to the transport, `dtmf_response_client_ms` the
+caller's, from sending # to the first agent audio received; `dtmf_response_over_response` divides its p50 by the
+spoken turns' response p50 (end of turn to first audio) at one call in the same run.
 Caller utterances are made with espeak-ng; calls run against `--url`, or an in-process server.
 """
 
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from voicepipe.caller import CallResult, Utterance, read_wav, run_call, utterance
+from voicepipe.caller import CallResult, Utterance, keypad, read_wav, run_call, utterance
 from voicepipe.server import serve_in_thread
 
 # The caller says these in turn. Seven of them: turn 30 says turn 2's sentence again (28 = 4 x 7) and any seven
@@ -41,6 +45,8 @@ SENTENCES = [
     "Where is the nearest hospital?",
 ]
 WINDOW = len(SENTENCES)  # turns per window of the window ratio: each sentence once
+KEY_ENTRIES = ["4217#", "1#", "305#", "9#", "7788#", "0#"]  # what the keypad call types, in turn
+DTMF_TARGET_P50_MS = 500.0
 WINDOW_RATIO = f"ttft_last{WINDOW}_over_turns2to{WINDOW + 1}"
 
 
@@ -143,19 +149,39 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
     }
 
 
+async def dtmf_run(base: str, turns: int, token: str | None = None) -> dict[str, Any]:
+    """One Twilio call of `turns` keypad entries: the figures from each entry's end (#) to the agent's answer."""
+    url = base.replace("http://", "ws://").replace("https://", "wss://") + "/ws/twilio"
+    entries = [keypad(KEY_ENTRIES[i % len(KEY_ENTRIES)]) for i in range(turns)]
+    result = await run_call(url, "twilio", entries, token=token, quiet_s=0.6, reply_timeout_s=120, record_url=base)
+    stored = (result.record or {}).get("turns", [])
+    server = [t["timings_ms"]["dtmf_response"] for t in stored if "dtmf_response" in t.get("timings_ms", {})]
+    client = [t.voice_to_voice_ms for t in result.turns if t.voice_to_voice_ms is not None]
+    return {"turns": turns, "dtmf_response_ms": stats(server), "dtmf_response_client_ms": stats(client),
+            "keypad_turns_seen": sum(1 for t in stored if t.get("dtmf")),
+            "turns_without_reply": sum(1 for t in result.turns if t.first_audio is None)}
+
+
 def run_call_bench(settings, calls: list[int], turns: int = 30, url: str | None = None, token: str | None = None,
-                   progress: Callable[[str], None] = print) -> dict[str, Any]:
+                   progress: Callable[[str], None] = print, dtmf_turns: int = 10,
+                   voice: bool = True) -> dict[str, Any]:
     policies = list(dict.fromkeys(["silence", settings.turn.policy]))
     with tempfile.TemporaryDirectory() as tmp:
-        utterances = make_utterances(turns, Path(tmp))
+        utterances = make_utterances(turns, Path(tmp)) if voice else []
         runs = []
+        keys: dict[str, Any] = {}
 
         def run_all(base: str) -> None:
-            for n in calls:
+            for n in calls if voice else []:
                 for policy in policies:
                     progress(f"{n} concurrent call(s) of {turns} turns, turn policy {policy}")
                     runs.append(asyncio.run(bench_run(base, n, utterances, token, policy)))
                     progress(_one_line(runs[-1]))
+            if dtmf_turns:
+                progress(f"1 call of {dtmf_turns} keypad entries")
+                keys.update(asyncio.run(dtmf_run(base, dtmf_turns, token)))
+                progress(f"dtmf_response p50/p95 {keys['dtmf_response_ms']['p50']}/{keys['dtmf_response_ms']['p95']} "
+                         f"ms (at the client {keys['dtmf_response_client_ms']['p50']} ms)")
 
         if url is None:
             progress("starting an in-process server (models load first)")
@@ -164,7 +190,19 @@ def run_call_bench(settings, calls: list[int], turns: int = 30, url: str | None 
         else:
             run_all(url.replace("ws://", "http://").replace("wss://", "https://").rstrip("/"))
     return {"transport": "twilio", "turns": turns, "policies": policies, "runs": runs,
-            **policy_ratios(runs, policies[-1])}
+            **policy_ratios(runs, policies[-1]), **dtmf_summary(keys, runs, policies[-1])}
+
+
+def dtmf_summary(keys: dict[str, Any], runs: list[dict[str, Any]], policy: str) -> dict[str, Any]:
+    """The keypad call's figures at the top of the report, against the target and the spoken turns' response."""
+    if not keys:
+        return {}
+    p50 = keys["dtmf_response_ms"]["p50"]
+    response = next((r["response_ms"]["p50"] for r in runs if r["calls"] == 1 and r["policy"] == policy), None)
+    return {"dtmf": keys, "dtmf_response_ms": keys["dtmf_response_ms"],
+            "dtmf_response_target_p50_ms": DTMF_TARGET_P50_MS,
+            "dtmf_response_meets_target": p50 is not None and p50 <= DTMF_TARGET_P50_MS,
+            "dtmf_response_over_response": round(p50 / response, 3) if p50 is not None and response else None}
 
 
 def policy_ratios(runs: list[dict[str, Any]], policy: str) -> dict[str, Any]:

@@ -274,7 +274,9 @@ _PARAM_KEYS = st.text(st.characters(codec="ascii", categories=("L", "N")), min_s
 _NATIVE_PARAMS = st.fixed_dictionaries({}, optional={
     "system_prompt": st.text(max_size=60), "greeting": st.one_of(st.none(), st.text(max_size=60)),
     "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
-    "turn_policy": st.text(max_size=10)})
+    "turn_policy": st.text(max_size=10),
+    "tools": st.one_of(st.text(max_size=20), st.lists(st.text(max_size=10), max_size=3)),
+    "tool_choice": st.text(max_size=12)})
 
 
 def roundtrip_calls(provider: str) -> st.SearchStrategy:
@@ -282,6 +284,7 @@ def roundtrip_calls(provider: str) -> st.SearchStrategy:
     return st.fixed_dictionaries({
         "call_id": st.text(min_size=1, max_size=40), "params": params, "caller_audio": st.lists(PCM, max_size=4),
         "marks": st.lists(NAMES, max_size=3), "server_audio": st.lists(PCM, max_size=3),
+        "keys": st.text(st.sampled_from("0123456789*#ABCD"), max_size=4),
         "chunks": st.lists(st.integers(1, 700), max_size=6)})
 
 
@@ -331,6 +334,8 @@ def check_roundtrip(provider: str) -> Callable[[dict], None]:
             media = _only(feed(caller.audio(pcm)), Media)
             got = np.concatenate([m.audio for m in media]) if media else np.zeros(0, np.int16)
             assert np.array_equal(got, _expected(caller._codec, pcm)), (len(got), len(pcm))
+        assert [e.digit for e in _only(feed([f for key in call["keys"] for f in caller.dtmf(key)]), Dtmf)] == \
+            list(call["keys"])
         for name in call["marks"]:
             ack = caller.mark_ack(name)
             if ack:

@@ -18,7 +18,7 @@ from voicepipe.caller.playout import RECORD_RATE
 from voicepipe.caller.report import CallResult, merge_events, merge_record
 from voicepipe.caller.server_api import ServerState, fetch_call_record
 from voicepipe.caller.turns import converse, play_through
-from voicepipe.caller.utterances import Utterance, read_wav, split_utterances, write_wav
+from voicepipe.caller.utterances import Utterance, read_wav, split_utterances, with_keys, write_wav
 from voicepipe.transports.serializers import CALLER_SERIALIZERS, make_caller_serializer
 
 TRANSPORTS = tuple(CALLER_SERIALIZERS)
@@ -69,13 +69,15 @@ async def play_call(
     quiet_s: float = 0.8,
     reply_timeout_s: float = 60.0,
     fetch_record: bool = True,
+    keys: list[tuple[float, str]] = (),
 ) -> CallResult:
     """Continuous mode (replay): play the whole caller channel `audio` once at real-time pace, silences and
-    talking over the agent included, then keep the line open until the last reply has played out."""
+    talking over the agent included, pressing `keys` ((seconds into the channel, key)) at their times, then keep
+    the line open until the last reply has played out."""
+    channel = with_keys(audio, rate, keys)
 
     async def turns(line: Line, server: ServerState | None) -> None:
-        await play_through(line, audio, rate, server, settle_s=settle_s, quiet_s=quiet_s,
-                           reply_timeout_s=reply_timeout_s)
+        await play_through(line, channel, server, settle_s=settle_s, quiet_s=quiet_s, reply_timeout_s=reply_timeout_s)
 
     return await scripted_call(url, transport, turns, params=params, token=token, call_id=call_id,
                        record_url=record_url, fetch_record=fetch_record, sync_with_server=fetch_record)

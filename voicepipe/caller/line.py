@@ -5,6 +5,7 @@ is the provider's caller serializer's (`wire`): nothing here knows a provider.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -14,6 +15,8 @@ from voicepipe.caller.pacing import Pacer
 from voicepipe.caller.playout import Playout
 from voicepipe.caller.report import CallResult, ClientTurn
 from voicepipe.transports.serializers import CallerSerializer
+
+log = logging.getLogger(__name__)
 
 
 class Line:
@@ -43,8 +46,11 @@ class Line:
         if self.closed.is_set():
             return False
         try:
+            for key in self.pacer.keys_due:
+                await self.send(self.wire.dtmf(key))
             await self.send(self.wire.audio(pcm16))
-        except Exception:
+        except Exception as exc:
+            log.info("the call's line failed to send (%s: %s): hanging up", type(exc).__name__, exc)
             self.closed.set()
             return False
         self._ack_due_marks()
@@ -92,3 +98,5 @@ class Line:
                 await self._safe_send(frames)
         elif kind == "event":
             self.result.events.append(value)
+        elif kind == "hangup":  # AudioSocket: the server hangs up in-band before it closes
+            self.result.server_hangup = now

@@ -1,5 +1,6 @@
 """Pacing: the caller's audio goes out at real-time pace in 20 ms frames, as a phone line carries it: the queued
-utterances, and silence between them. The pacer stamps each turn's send times as its audio goes out."""
+utterances, and silence between them. The pacer stamps each turn's send times as its audio goes out, and hands out
+an utterance's key presses with the frame they fall in (`keys_due`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Pacer:
         self._queue: list[tuple[Utterance, ClientTurn]] = []  # at `rate`
         self._pos = 0  # samples of the first queued utterance already sent
         self.speaking: ClientTurn | None = None  # the turn whose utterance is going out, from its first voiced frame
+        self.keys_due: list[str] = []  # the keys to press with the frame `next_frame` just returned
 
     @property
     def busy(self) -> bool:
@@ -34,22 +36,24 @@ class Pacer:
         if utt.rate != self.rate:
             scale = self.rate / utt.rate
             utt = Utterance(resample(utt.audio, utt.rate, self.rate), self.rate, int(utt.voiced_start * scale),
-                            int(utt.voiced_end * scale))
+                            int(utt.voiced_end * scale), tuple((int(at * scale), key) for at, key in utt.keys))
         self._queue.append((utt, turn))
 
     def next_frame(self, now: float) -> np.ndarray:
         """The 20 ms to send at `now`: the next piece of the queued speech, or silence."""
+        self.keys_due = []
         if not self._queue:
             return np.zeros(self.frame, np.int16)
         utt, turn = self._queue[0]
         pos, end = self._pos, self._pos + self.frame
+        self.keys_due = [key for at, key in utt.keys if pos <= at < end]
         if turn.audio_start is None:
             turn.audio_start = now
         if turn.speech_start is None and end > utt.voiced_start:
             turn.speech_start = now
             self.speaking = turn
         if turn.speech_end is None and end >= utt.voiced_end:
-            turn.speech_end = now + FRAME_S
+            turn.speech_end = now if utt.keypad_only else now + FRAME_S  # a key goes out at its frame's start
         self._pos = end
         if end >= len(utt.audio):
             self._queue.pop(0)

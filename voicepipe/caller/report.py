@@ -51,6 +51,7 @@ class CallResult:
     started: float = 0.0
     setup_ms: float | None = None  # WebRTC and SIP: the offer sent to the answer back (SIP: INVITE to 200 OK)
     send_lag_ms: list[float] = field(default_factory=list)  # per 20 ms frame: actual send time - real-time schedule
+    server_hangup: float | None = None  # client clock: the server's in-band hang-up (AudioSocket), if it sent one
 
     def note_audio(self, now: float, seconds: float, turn: ClientTurn | None) -> None:
         """Agent audio received at `now`, for `turn` (None: the greeting)."""

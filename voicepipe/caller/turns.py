@@ -15,12 +15,10 @@ import asyncio
 import logging
 import time
 
-import numpy as np
-
 from voicepipe.caller.line import Line
 from voicepipe.caller.report import ClientTurn
 from voicepipe.caller.server_api import ServerState
-from voicepipe.caller.utterances import Utterance, utterance
+from voicepipe.caller.utterances import Utterance
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +68,13 @@ async def _greeting(line: Line, server: ServerState | None, wait_s: float, quiet
         await server.wait_listening(wait_s, line.closed)
 
 
-async def play_through(line: Line, audio: np.ndarray, rate: int, server: ServerState | None, *, settle_s: float,
+async def play_through(line: Line, channel: Utterance, server: ServerState | None, *, settle_s: float,
                        quiet_s: float, reply_timeout_s: float) -> None:
     """The result has one `ClientTurn` for the whole channel (`audio_start` is when its first sample went out);
     the server's record says where the turns were."""
     whole = ClientTurn(1)
     line.result.turns.append(whole)
-    line.pacer.speak(utterance(audio, rate), whole)
+    line.pacer.speak(channel, whole)
     while line.pacer.busy and not line.closed.is_set():
         await asyncio.sleep(0.02)
     await asyncio.sleep(settle_s)  # let a trailing end of turn be decided

@@ -1,5 +1,5 @@
-"""What the caller says: utterances (audio with its voiced span), cut from a recording at its silences, and WAV
-files in and out."""
+"""What the caller says: utterances (audio with its voiced span), cut from a recording at its silences, key presses
+(a keypad "utterance": silence with its keys), and WAV files in and out."""
 
 from __future__ import annotations
 
@@ -14,8 +14,23 @@ import numpy as np
 class Utterance:
     audio: np.ndarray  # int16 mono at `rate`
     rate: int
-    voiced_start: int  # first voiced sample
-    voiced_end: int  # end of the last voiced sample
+    voiced_start: int  # first voiced sample (a keypad utterance: its first key)
+    voiced_end: int  # end of the last voiced sample (a keypad utterance: just after its last key)
+    keys: tuple[tuple[int, str], ...] = ()  # (sample, key): DTMF keys pressed at these points of `audio`
+
+    @property
+    def keypad_only(self) -> bool:
+        """Keys and no speech: the utterance's voiced span is its keys' (`keypad`)."""
+        return bool(self.keys) and self.voiced_end == self.keys[-1][0] + 1
+
+
+def keypad(digits: str, rate: int = 8000, gap_s: float = 0.2, lead_s: float = 0.1, tail_s: float = 0.3) -> Utterance:
+    """Keys pressed `gap_s` apart on a silent line (`lead_s` of silence before the first, `tail_s` after the last)."""
+    if not digits:
+        raise ValueError("no keys to press")
+    offsets = [int((lead_s + i * gap_s) * rate) for i in range(len(digits))]
+    audio = np.zeros(offsets[-1] + int(tail_s * rate), np.int16)
+    return Utterance(audio, rate, offsets[0], offsets[-1] + 1, tuple(zip(offsets, digits, strict=True)))
 
 
 def voiced_span(audio: np.ndarray, rate: int, threshold: float = 300.0) -> tuple[int, int]:
@@ -57,6 +72,16 @@ def utterance(audio: np.ndarray, rate: int) -> Utterance:
     """`audio` as one utterance."""
     vs, ve = voiced_span(audio, rate)
     return Utterance(audio, rate, vs, ve)
+
+
+def with_keys(audio: np.ndarray, rate: int, keys: list[tuple[float, str]], tail_s: float = 0.5) -> Utterance:
+    """A whole caller channel with key presses at their times (seconds); the channel is made long enough to hold
+    the last one."""
+    offsets = [(int(at * rate), key) for at, key in sorted(keys)]
+    if offsets and offsets[-1][0] >= len(audio):
+        audio = np.concatenate([audio, np.zeros(offsets[-1][0] + int(tail_s * rate) - len(audio), np.int16)])
+    vs, ve = voiced_span(audio, rate)
+    return Utterance(audio, rate, vs, ve, tuple(offsets))
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:

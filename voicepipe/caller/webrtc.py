@@ -1,10 +1,11 @@
 """The WebRTC caller, for `voicepipe call --transport webrtc`: an aiortc peer connection seen as the link the
 line drives (`send`, `async for`, `close_code`); what its frames mean is `WebRtcCallerSerializer`'s business.
 
-Opening it does the signalling (offer with every ICE candidate, POST to `/webrtc/offer`, answer) and waits
-until the peer is connected and the "events" data channel is open. `send` feeds 20 ms PCM frames (48 kHz
-mono int16) to the outbound track, or text to the data channel; iterating yields the agent's audio (mono
-int16 at 48 kHz, every frame the server sends, silence included) and the server's events (JSON text).
+Opening it does the signalling (offer with every ICE candidate and telephone events, POST to `/webrtc/offer`,
+answer) and waits until the peer is connected and the "events" data channel is open. `send` feeds 20 ms PCM frames
+(48 kHz mono int16) to the outbound track, text to the data channel, or a `KeyPress` as RFC 4733 telephone events
+(as a browser's `RTCDTMFSender` does); iterating yields the agent's audio (mono int16 at 48 kHz, every frame the
+server sends, silence included) and the server's events (JSON text).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -20,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from voicepipe.transports.serializers.native import KeyPress
+from voicepipe.transports.webrtc import dtmf
 from voicepipe.transports.webrtc.media import FedTrack, drain
 
 log = logging.getLogger(__name__)
@@ -58,8 +62,13 @@ class PeerClient:
         self._drains: list[asyncio.Task] = []
         self._stop_sent = False
         self.setup_ms: float | None = None
+        self._key_types: dict[int, int] = {}  # the telephone-event payload types the answer accepted -> rate
+        self._key_ssrc = random.getrandbits(32)  # the key presses' own RTP stream: its sequence numbers and clock
+        self._key_sequence = random.getrandbits(16)
+        self._key_clock = random.getrandbits(31)
 
     async def __aenter__(self) -> PeerClient:
+        dtmf.negotiate()
         pc = self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         pc.addTrack(self.track)
         channel_open = asyncio.Event()
@@ -75,6 +84,7 @@ class PeerClient:
             answer = await self.exchange(pc.localDescription.sdp)
             self.setup_ms = (time.monotonic() - asked) * 1000
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            self._key_types = dtmf.telephone_event_types(answer)
             await asyncio.wait_for(self._connected.wait(), CONNECT_TIMEOUT_S)
             if pc.connectionState != "connected":
                 raise ConnectionError(f"the WebRTC connection to {self.url} {pc.connectionState}")
@@ -116,15 +126,31 @@ class PeerClient:
             self._connected.set()  # wakes a caller still waiting to connect; it checks the state
             self._inbox.put_nowait(None)
 
-    async def send(self, frame: np.ndarray | str) -> None:
+    async def send(self, frame: np.ndarray | str | KeyPress) -> None:
         if self._closed.is_set():
             raise ConnectionError("the call has ended")
-        if isinstance(frame, str):
+        if isinstance(frame, KeyPress):
+            await self._press(frame.digit)
+        elif isinstance(frame, str):
             if self.channel.readyState == "open":
                 self.channel.send(frame)
                 self._stop_sent = self._stop_sent or json.loads(frame).get("type") == "stop"
         else:
             self.track.feed(frame)
+
+    async def _press(self, key: str) -> None:
+        """One key as telephone events on the audio transport, 20 ms apart (their own SSRC: the audio sender keeps
+        its sequence numbers to itself)."""
+        if not self._key_types:
+            raise ConnectionError("the server did not accept telephone events")
+        payload_type, rate = max(self._key_types.items(), key=lambda item: item[1])
+        transport = next(t.sender.transport for t in self.pc.getTransceivers() if t.kind == "audio")
+        packets = dtmf.event_packets(key, payload_type, self._key_ssrc, self._key_sequence, self._key_clock, rate)
+        self._key_sequence = (self._key_sequence + len(packets)) % 65536
+        self._key_clock = (self._key_clock + rate) % 2**32  # the next key starts a second of its clock later
+        for packet in packets:
+            await transport._send_rtp(packet.serialize())  # SRTP-protected with the audio's keys
+            await asyncio.sleep(0.02)
 
     def __aiter__(self):
         return self._received()

@@ -11,7 +11,7 @@ from typing import Any
 
 from voicepipe.llm.errors import EmptyMessagesError, InvalidRequestError, UnknownRoleError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result (see tools.py)
 
 
 class TemplateMismatchError(InvalidRequestError):
@@ -46,8 +46,12 @@ class ChatRenderer:
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         if not messages:
             return ""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        except Exception as exc:  # jinja's own errors, or a template's raise_exception (roles it refuses)
+            raise InvalidRequestError(f"the model's chat template cannot render this conversation: {exc}",
+                                      "send roles and an order the model's template accepts.") from None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []

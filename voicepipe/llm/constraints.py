@@ -1,8 +1,9 @@
-"""Constrained decoding for JSON mode, with llguidance.
+"""Constrained decoding for JSON mode and tool calls, with llguidance.
 
-llguidance computes the set of allowed next tokens from a grammar (here compiled from a JSON schema)
-in Rust, on the CPU, in tens of microseconds per token, and has no dependency of its own; the mask
-is applied to the logits on whichever device they live, so the same code serves CPU and CUDA.
+llguidance computes the set of allowed next tokens from a grammar (compiled from a JSON schema, or a Lark grammar
+with JSON schemas inside for tool calls, see `tools.py`) in Rust, on the CPU, in tens of microseconds per token,
+and has no dependency of its own; the mask is applied to the logits on whichever device they live, so the same
+code serves CPU and CUDA.
 """
 
 from __future__ import annotations
@@ -45,18 +46,16 @@ class GrammarTokenizer:
                 self.closer_ids = [by_text[text] for text in _CLOSERS if text in by_text]
             return self._ll_tokenizer
 
+    def decode(self, token_id: int) -> str:
+        return self._hf_tokenizer.decode([token_id])
 
-class JsonConstraint:
-    """Allows only tokens that keep the output a prefix of a JSON value matching ``schema``."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, schema: dict[str, Any] | None = None,
-                 max_tokens: int | None = None) -> None:
+class GrammarConstraint:
+    """Allows only tokens that keep the output a prefix of a string of ``grammar`` (llguidance's form)."""
+
+    def __init__(self, tokenizer: GrammarTokenizer, grammar: str, max_tokens: int | None = None) -> None:
         from llguidance import LLMatcher
 
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(schema or _ANY_JSON_OBJECT, defaults=_COMPACT)
-        except ValueError as exc:
-            raise InvalidRequestError(f"invalid JSON schema: {exc}") from None
         self._matcher = LLMatcher(tokenizer.get(), grammar, log_level=0)
         if self._matcher.is_error():
             raise InvalidRequestError(f"unsupported JSON schema: {self._matcher.get_error()}")
@@ -82,10 +81,49 @@ class JsonConstraint:
         self._matcher.consume_token(token_id)
         self._consumed += 1
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows no alternative to from here (llguidance's fast-forward tokens): the engine
+        appends them without a decode step each, e.g. a tool call's `<tool_call>{"name":"...","arguments":`."""
+        return list(self._matcher.compute_ff_tokens())
+
     @property
     def finished(self) -> bool:
-        """True once the JSON value is complete (the only token left is end-of-sequence)."""
+        """True once the output is complete (the only token left is end-of-sequence)."""
         return self._matcher.is_stopped()
+
+
+class JsonConstraint(GrammarConstraint):
+    """Allows only tokens that keep the output a prefix of a JSON value matching ``schema``."""
+
+    def __init__(self, tokenizer: GrammarTokenizer, schema: dict[str, Any] | None = None,
+                 max_tokens: int | None = None) -> None:
+        from llguidance import LLMatcher
+
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(schema or _ANY_JSON_OBJECT, defaults=_COMPACT)
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid JSON schema: {exc}") from None
+        super().__init__(tokenizer, grammar, max_tokens)
+
+
+class ToolConstraint(GrammarConstraint):
+    """A reply under a tool grammar (`tools.call_grammar`): a call finishes within ``max_tokens``; a reply that
+    turned out to be plain text (its first token does not open a call) is left to the model to end."""
+
+    def __init__(self, tokenizer: GrammarTokenizer, grammar: str, max_tokens: int | None = None) -> None:
+        from llguidance import LLMatcher
+
+        try:
+            compiled = LLMatcher.grammar_from_lark(grammar)
+        except ValueError as exc:
+            raise InvalidRequestError(f"invalid tool parameters: {exc}") from None
+        super().__init__(tokenizer, compiled, max_tokens)
+        self._decode = tokenizer.decode
+
+    def accept(self, token_id: int) -> None:
+        if self._consumed == 0 and not self._decode(token_id).startswith("<"):
+            self._closing_after = None
+        super().accept(token_id)
 
 
 def constraint_for(response_format: dict[str, Any] | None, tokenizer: GrammarTokenizer,

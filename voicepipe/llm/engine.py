@@ -32,6 +32,7 @@ from voicepipe.config import LLMSettings
 from voicepipe.llm.attention import PagedKVCache
 from voicepipe.llm.blocks import BlockManager
 from voicepipe.llm.chat import ChatRenderer
+from voicepipe.llm.constraints import GrammarTokenizer
 from voicepipe.llm.errors import EngineStoppedError
 from voicepipe.llm.intake import RequestIntake
 from voicepipe.llm.prepack import prepack_linears
@@ -67,6 +68,7 @@ class LLMEngine(RequestIntake, StepLoop):
         self.settings = settings or LLMSettings()
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
+        self.grammar_tokenizer = GrammarTokenizer(tokenizer)  # built at its first use (JSON mode, tool calls)
         s = self.settings
         if s.prepack_linears:
             prepack_linears(model)

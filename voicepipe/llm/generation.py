@@ -1,5 +1,8 @@
 """What a caller of the engine holds: a `Generation` (one streamed reply, detokenized on the caller's side) and
-the `Piece`s it yields; `_Event` is what the engine thread sends it."""
+the `Piece`s it yields; `_Event` is what the engine thread sends it.
+
+A request that offered tools may come back as a tool call instead of text (`tools.py`): its pieces then carry no
+text, only `tool_call` deltas, and `Generation.tool_calls` holds the call once the loop ends."""
 
 from __future__ import annotations
 
@@ -12,17 +15,20 @@ from typing import Any
 from voicepipe.llm.detok import IncrementalDetokenizer
 from voicepipe.llm.request import Request, RequestStats
 from voicepipe.llm.session import Session
+from voicepipe.llm.tools import CallSplitter, ToolCall, ToolCallDelta
 
 
 @dataclass
 class Piece:
-    """A piece of streamed reply text, the token ids it came from, and when they were produced (monotonic s)."""
+    """A piece of streamed reply text, the token ids it came from, and when they were produced (monotonic s); or,
+    for a reply that is a tool call, a piece of the call (`text` is then empty)."""
 
     text: str
     token_ids: list[int]
     time: float
     # with SamplingParams.logprobs: one (log P(token), [(id, log P) of the top alternatives]) per token id
     logprobs: list[Any] | None = None
+    tool_call: ToolCallDelta | None = None
 
 
 @dataclass
@@ -39,11 +45,13 @@ class Generation:
     ``token_ids``, ``finish_reason`` and ``stats`` hold the outcome. Leaving the loop early (break, an
     exception, task cancellation) cancels the request within one engine step."""
 
-    def __init__(self, engine: Any, request: Request, queue: asyncio.Queue, stops: list[str]) -> None:
+    def __init__(self, engine: Any, request: Request, queue: asyncio.Queue, stops: list[str],
+                 calls: CallSplitter | None = None) -> None:
         self._engine = engine  # the LLMEngine (engine.py imports this module)
         self.request = request
         self._queue = queue
         self._stops = stops
+        self._calls = calls  # the request offered tools: the reply may be a call
         self._hold = max((len(s) for s in stops), default=1) - 1
         self.text = ""
         self.token_ids: list[int] = []
@@ -52,6 +60,11 @@ class Generation:
         # request ends first, or asked for no probe)
         self.end_prob: asyncio.Future = request.end_prob_future
         self._started = False
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The tool call the reply made (empty for a text reply), complete once the loop has ended."""
+        return self._calls.calls if self._calls is not None else []
 
     @property
     def stats(self) -> RequestStats:
@@ -99,6 +112,12 @@ class Generation:
                     visible = [t for t in ev.token_ids if t not in stop_ids or self.request.params.ignore_eos]
                     detok.push(visible)
                     full = detok.text
+                    if self._calls is not None and self._calls.decide(full):  # stop strings are for text
+                        delta = self._calls.delta(full)
+                        if delta is not None:
+                            yield Piece("", pending_ids, ev.time, delta)
+                            pending_ids = []
+                        continue
                     cut = self._find_stop(full, emitted)
                     if cut is not None:
                         self._engine._stop_at(self.request, len(self.token_ids))
@@ -119,8 +138,13 @@ class Generation:
                 # done
                 detok.flush()
                 full = detok.text
-                self.text = full
                 self.finish_reason = self.request.finish_reason
+                if self._calls is not None and self._calls.decide(full):
+                    delta = self._calls.delta(full, final=True)
+                    if delta is not None or pending_ids:
+                        yield Piece("", pending_ids, time.monotonic(), delta)
+                    return
+                self.text = full
                 if len(full) > emitted or pending_ids:
                     yield Piece(full[emitted:], pending_ids, time.monotonic(), pending_logprobs)
                 return

@@ -7,12 +7,14 @@ engine thread (`step_loop.py`) does the rest."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
 from typing import Any
 
 from voicepipe.llm.chat import validate_messages
+from voicepipe.llm.constraints import ToolConstraint
 from voicepipe.llm.errors import (
     ContextOverflowError,
     EmptyMessagesError,
@@ -25,6 +27,7 @@ from voicepipe.llm.generation import Generation
 from voicepipe.llm.request import TIER_RANK, Request, RequestStats, tier_rank
 from voicepipe.llm.sampling import SamplingParams, make_generator
 from voicepipe.llm.session import Session, TurnMark
+from voicepipe.llm.tools import CallSplitter, call_grammar, messages_with_tools, parse_tools, resolve_choice
 
 log = logging.getLogger("voicepipe.llm.engine")  # the engine's log lines keep its logger name
 
@@ -145,27 +148,48 @@ class RequestIntake:
 
     # -- requests -------------------------------------------------------------------------------------------------
     def generate(self, session: Session | None, new_messages: list[dict[str, str]], tier: str = "default",
-                 params: SamplingParams | None = None, end_probe: bool = False, **sampling: Any) -> Generation:
+                 params: SamplingParams | None = None, end_probe: bool = False, tools: Any = None,
+                 tool_choice: Any = None, reply_prefix: str = "", **sampling: Any) -> Generation:
         """Start a reply to ``new_messages`` appended to ``session`` (None: a sessionless request whose messages
         are the whole conversation). Call it from the event loop; iterate the result with ``async for``.
 
         ``end_probe``: also compute, in the same prefill, P(the last user message ends where its words end): the
         probability of an end token (``end_ids``) after its content less trailing punctuation. It resolves
-        ``Generation.end_prob`` (and ``stats.end_prob``) with the prefill step that reaches those words."""
+        ``Generation.end_prob`` (and ``stats.end_prob``) with the prefill step that reaches those words.
+
+        ``tools`` (`ToolSpec`s or OpenAI's function tools) and ``tool_choice`` ("none", "auto", "required" or a
+        tool's name; default "auto"): the reply may be, or must be, one call to a tool, with its arguments
+        constrained to the tool's schema (see `tools.py`); `Generation.tool_calls` holds it. The tools are described
+        in the system prompt of the first turn: a session's tools are the ones its first turn offered. A tool's
+        result comes back as a message with role "tool".
+
+        ``reply_prefix``: the reply starts with exactly this text (the grammar forces its tokens) and the model goes
+        on from there; a call uses it to say a tool's result word for word."""
         params = self._params(params, sampling)
         tier_rank(tier)
         new = validate_messages(new_messages)
+        specs = parse_tools(tools)
+        choice = resolve_choice(tool_choice, specs)
+        grammar = call_grammar(specs, choice, reply_prefix)
+        if grammar is not None:
+            if params.constraint is not None:
+                raise InvalidRequestError("a reply cannot be both constrained JSON and a tool call.",
+                                          "drop response_format or the tools.")
+            params = dataclasses.replace(params, constraint=ToolConstraint(self.grammar_tokenizer, grammar,
+                                                                           params.max_tokens))
 
         def prepare(session: Session, stats: RequestStats) -> int | None:
             self._settle_reply(session)
             msgs = new
-            system = session.system_prompt
-            if system is not None and not session.messages and msgs[0]["role"] != "system":
-                msgs = [{"role": "system", "content": system}] + msgs
+            if not session.messages:  # the first turn renders the system prompt, which describes the tools
+                system = session.system_prompt
+                if system is not None and msgs[0]["role"] != "system":
+                    msgs = [{"role": "system", "content": system}] + msgs
+                msgs = messages_with_tools(msgs, specs)
             self._append_turn(session, msgs, params.max_tokens, stats)
             return self._probe_index(session, msgs) if end_probe else None
 
-        return self._submit(session, prepare, tier, params)
+        return self._submit(session, prepare, tier, params, CallSplitter() if specs and choice != "none" else None)
 
     def _probe_index(self, session: Session, new: list[dict[str, str]]) -> int | None:
         """The index in ``session.ids`` of the last token of the last user message's words (its content less
@@ -228,7 +252,8 @@ class RequestIntake:
         params.validate()
         return params
 
-    def _submit(self, session: Session | None, prepare, tier: str, params: SamplingParams) -> Generation:
+    def _submit(self, session: Session | None, prepare, tier: str, params: SamplingParams,
+                calls: CallSplitter | None = None) -> Generation:
         loop = asyncio.get_running_loop()
         if self._thread is None or not self._running:
             raise EngineStoppedError("the LLM engine is not running.", "call engine.start() first.")
@@ -255,7 +280,7 @@ class RequestIntake:
                 if self._step_abortable and req.rank < TIER_RANK["flex"]:
                     self.runner.cache.abort_requested = True
                 self._lock.notify_all()
-        return Generation(self, req, queue, list(params.stop))
+        return Generation(self, req, queue, list(params.stop), calls)
 
     def _settled(self, session: Session) -> tuple[list[dict[str, str]], str]:
         """The session's messages and rendered text with its last reply folded in (the reply is decoded here)."""

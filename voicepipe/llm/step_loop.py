@@ -186,18 +186,36 @@ class StepLoop:
                 continue
             token = tokens[k]
             k += 1
-            s.ids.append(token)
-            req.output_ids.append(token)
+            produced = [token, *self._forced_after(req, token)]
             st = req.stats
-            st.output_tokens += 1
-            st.token_times.append(now)
+            for t in produced:
+                s.ids.append(t)
+                req.output_ids.append(t)
+                st.output_tokens += 1
+                st.token_times.append(now)
             if st.first_token is None:
                 st.first_token = now
-            self._emit(req, _Event("tokens", [token], now, logprobs=None if logprobs is None else [logprobs[k - 1]]))
-            if token in req.stop_ids:
+            sampled_logprobs = None if logprobs is None else [logprobs[k - 1], *[(0.0, [])] * (len(produced) - 1)]
+            self._emit(req, _Event("tokens", produced, now, logprobs=sampled_logprobs))  # forced tokens: certain
+            if produced[-1] in req.stop_ids:
                 self._finish(req, "stop")
             elif len(req.output_ids) >= req.params.max_tokens or len(s.ids) >= self.max_context:
                 self._finish(req, "length")
+
+    def _forced_after(self, req: Request, token: int) -> list[int]:
+        """What a constrained request's grammar forces after `token`, within its budget and up to a stop token:
+        appended at once and computed by the next step as one chunk, rather than one decode step per token."""
+        constraint = req.params.constraint
+        if constraint is None or token in req.stop_ids or not hasattr(constraint, "forced"):
+            return []
+        room = min(req.params.max_tokens - len(req.output_ids), self.max_context - len(req.session.ids)) - 1
+        forced = []
+        for t in constraint.forced()[:max(0, room)]:
+            constraint.accept(t)
+            forced.append(t)
+            if t in req.stop_ids:
+                break
+        return forced
 
     def _finish(self, req: Request, reason: str, error: BaseException | None = None) -> None:
         self.scheduler.remove(req)

@@ -140,6 +140,26 @@ def _backchannels(turn: dict[str, Any]) -> str:
     return f' <span class="backchannel" title="the caller said this over the reply without stopping it">{words}</span>'
 
 
+def _keypad(turn: dict[str, Any]) -> str:
+    """A keypad turn's mark: the keys the caller pressed."""
+    keys = turn.get("dtmf")
+    if not keys:
+        return ""
+    return f' <span class="keypad" title="a keypad entry (DTMF), what the model read">⌨ {escape(" ".join(keys))}</span>'
+
+
+def _tool_calls(turn: dict[str, Any]) -> str:
+    """Each tool call of the reply: name, arguments, latency, result size or error."""
+    rows = []
+    for c in turn.get("tool_calls") or []:
+        latency = f"{c['latency_ms']:.0f} ms" if isinstance(c.get("latency_ms"), int | float) else "-"
+        outcome = (f'<span class="tool-error">error: {escape(str(c["error"]))}</span>' if c.get("error")
+                   else f"{int(c.get('result_chars') or 0)} chars back")
+        rows.append(f'<div class="tool-call"><span class="who">tool</span><code>{escape(str(c.get("name")))}'
+                    f'({escape(str(c.get("arguments", "")))})</code> · {latency} · {outcome}</div>')
+    return "".join(rows)
+
+
 def _transcript(call: dict[str, Any]) -> str:
     items = []
     if call.get("greeting"):
@@ -155,8 +175,8 @@ def _transcript(call: dict[str, Any]) -> str:
         decided = f'<div class="decision">end of turn: {escape(decided)}</div>' if decided else ""
         classes = "turn interrupted" if t["interrupted"] else "turn"
         items.append(f'<li class="{classes}" data-turn="{t["turn"]}">'
-                     f'<div><span class="who">caller</span>{escape(t["user_text"])}{_reopened(t)}</div>{decided}'
-                     f'<div><span class="who">agent</span>'
+                     f'<div><span class="who">caller</span>{escape(t["user_text"])}{_keypad(t)}{_reopened(t)}</div>'
+                     f'{decided}{_tool_calls(t)}<div><span class="who">agent</span>'
                      f'{_agent_line(t["agent_text"], t.get("heard_text"), t["interrupted"])}{_backchannels(t)}</div>'
                      f'<div class="figures">{escape(figures)} · tokens: prompt {t["prompt_tokens"]} '
                      f'(cached {t["cached_prompt_tokens"]}), output {t["output_tokens"]}</div>{error}</li>')

@@ -16,8 +16,11 @@ Turn timeline keys (`TurnRecord.timeline`), in the order they normally happen:
   first_clause                    the first text chunk handed to TTS
   first_audio_synth, first_audio_sent       the first agent sample synthesized, then handed to the transport
   playout_end | interrupted       the reply played to the end, or the caller barged in
+A keypad turn (DTMF) has dtmf_start and dtmf_end (the entry's first key and its end, also its end_of_turn) instead
+of the speech keys; a reply that calls a tool has tool_call (the model's call complete) and tool_result (the
+first tool's result back) after first_token.
 Derived figures (`TurnRecord.timings_ms`): voice_to_voice, response, stt_final, queue, ttft,
-tts_first_audio, send_delay.
+tts_first_audio, send_delay, dtmf_response (keypad turns), tool (the first tool call's latency).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Every app owns its `Metrics` with its own `CollectorRegistry` (never the global 
 process do not collide. Two sources feed it:
 
 - the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio, send
-  delay, the end-of-turn wait, reopened turns, turn errors; `event` "barge_in" (the greeting's too);
+  delay, DTMF response, the end-of-turn wait, reopened turns, tool call latency, turn errors; `event` "barge_in"
+  (the greeting's too);
   `call_started`/`call_ended`: active calls, calls by outcome, call errors);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
   and API requests' alike, so each request is counted once).
@@ -12,7 +13,8 @@ process do not collide. Two sources feed it:
 Labels: ``tier`` and ``transport`` (a call's turns: tier "priority" and the call's transport; a sessionless
 request, i.e. the OpenAI API: its tier and "http"). TTFT also has ``turn``, the request's turn-number bucket
 (`turn_bucket`), so a TTFT that stays flat over a long call shows on a graph; the end-of-turn wait has ``policy``
-and ``transport``. Gauges and engine counters (`metrics_live.LiveCollector`) are read at scrape time, so they are
+and ``transport``; tool calls have ``tool`` (the tool's name: only tools the settings declare) and ``outcome`` (ok,
+error). Gauges and engine counters (`metrics_live.LiveCollector`) are read at scrape time, so they are
 never stale.
 """
 
@@ -51,6 +53,9 @@ QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 END_OF_TURN_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
                        4.0, 6.0, 10.0)
 
+# A tool call: a built-in takes microseconds, a webhook tens of ms to its timeout (calls.webhook_tools[].timeout_s).
+TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+
 TURN_BUCKETS = ((1, "1"), (5, "2-5"), (15, "6-15"), (30, "16-30"))
 LAST_TURN_BUCKET = "31+"
 
@@ -61,6 +66,7 @@ TURN_HISTOGRAMS = {
     "stt_final": ("voicepipe_stt_final_seconds", "End-of-turn decision to the final transcript."),
     "tts_first_audio": ("voicepipe_tts_first_audio_seconds", "First clause to TTS to its first audio sample."),
     "send_delay": ("voicepipe_send_delay_seconds", "First agent audio synthesized to handed to the transport."),
+    "dtmf_response": ("voicepipe_dtmf_response_seconds", "A keypad entry's end to the first agent audio sent."),
 }
 
 
@@ -110,6 +116,9 @@ class Metrics:
                                  ["transport"], registry=self.registry)
         self.calls = Counter("voicepipe_calls", "Calls ended, by outcome.", ["transport", "outcome"],
                              registry=self.registry)
+        self.tool_calls = Histogram("voicepipe_tool_call_seconds", "A call's tool calls: the model's call to its "
+                                    "result (a webhook's answer, an error or a timeout).", ["tool", "outcome"],
+                                    buckets=TOOL_BUCKETS, registry=self.registry)
         self.registry.register(LiveCollector(self.snapshot, engine))
 
     # -- serving --------------------------------------------------------------------------------------------------
@@ -173,6 +182,10 @@ class Metrics:
             policy = turn.decision.get("policy") or "unknown"
             self.end_of_turn_wait.labels(policy, call.transport).observe(silence_ms / 1000.0)
         self.reopens.labels(call.transport).inc(len(turn.reopened))
+        for tool in turn.tool_calls:
+            if tool.get("latency_ms") is not None:
+                outcome = "error" if tool.get("error") else "ok"
+                self.tool_calls.labels(tool["name"], outcome).observe(tool["latency_ms"] / 1000.0)
         if turn.error:
             self.count_error("turn")
 

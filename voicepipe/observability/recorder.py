@@ -4,8 +4,9 @@
 down as it arrived; agent audio at the time the transport sent it, and what a clear cut off before the caller
 heard it is removed. `events.jsonl` holds one JSON object per line: first `call_start` (transport, prompt,
 greeting, metadata), then every call event (`inbound` frames, `vad`, `stt_*`, `llm_queued`, `first_token`,
-`agent_text`, `agent_audio`, `mark`, `clear`, `barge_in`, `turn_decision`, `turn_reopened`, `turn`), last
-`call_end`: every event the call reports, as it comes. The replay room reads this.
+`agent_text`, `agent_audio`, `mark`, `clear`, `barge_in`, `turn_decision`, `turn_reopened`, `dtmf`, `keypad`,
+`tool_call`, `tool_result`, `turn`), last `call_end`: every event the call reports, as it comes. The replay room
+reads this (a case's `[[dtmf]]` keys come from the `dtmf` events).
 
 Both files are written incrementally by one writer thread, so the event loop never waits on the disk: the WAV's
 header is rewritten after every append, so a crash leaves a valid file up to the last write (at most about

@@ -33,6 +33,10 @@ class TurnRecord:
     # call started); the agent had sent no audio for them.
     reopened: list[dict[str, Any]] = field(default_factory=list)
     backchannels: list[str] = field(default_factory=list)  # what the caller said over this reply without stopping it
+    dtmf: str | None = None  # a keypad turn: the keys of its entry (its user_text is "[keypad: 4 2 1 7]")
+    # Each tool call of the reply: name, arguments (JSON text), t (seconds since the call started), latency_ms,
+    # result_chars, error (None when it succeeded), in order.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voicepipe.observability import store_db
-from voicepipe.observability.store_rows import UPSERT_CALL, UPSERT_TURN, call_row, percentiles, row_dict, turn_row
+from voicepipe.observability.store_rows import (
+    UPSERT_CALL,
+    UPSERT_TOOL_CALL,
+    UPSERT_TURN,
+    call_row,
+    percentiles,
+    row_dict,
+    tool_call_rows,
+    turn_row,
+)
 from voicepipe.observability.store_schema import migrate
 from voicepipe.observability.store_writer import StoreWriter
 
@@ -47,7 +56,8 @@ def prune(conn, retention_days: float, now: float | None = None) -> int:
     cutoff = (time.time() if now is None else now) - retention_days * DAY_S
     store_db.begin_write(conn)
     try:
-        conn.execute("DELETE FROM turns WHERE call_id IN (SELECT id FROM calls WHERE started < ?)", (cutoff,))
+        for table in ("turns", "tool_calls"):
+            conn.execute(f"DELETE FROM {table} WHERE call_id IN (SELECT id FROM calls WHERE started < ?)", (cutoff,))
         deleted = conn.execute("DELETE FROM calls WHERE started < ?", (cutoff,)).rowcount
     except BaseException:
         conn.execute("ROLLBACK")
@@ -110,7 +120,8 @@ class CallStore:
 
     # -- CallObserver (on the event loop: snapshot and queue only) -------------------------------------------
     def call_started(self, call: CallRecord) -> None:
-        self._writer.put("DELETE FROM turns WHERE call_id = :id", {"id": call.call_id})  # a reused id starts over
+        for table in ("turns", "tool_calls"):  # a reused id starts over
+            self._writer.put(f"DELETE FROM {table} WHERE call_id = :id", {"id": call.call_id})
         self._writer.put(UPSERT_CALL, call_row(call, self.replica))
 
     def event(self, call: CallRecord, event: dict[str, Any]) -> None:
@@ -120,12 +131,17 @@ class CallStore:
         pass
 
     def turn_finished(self, call: CallRecord, turn: TurnRecord) -> None:
-        self._writer.put(UPSERT_TURN, turn_row(call.call_id, turn))
+        self._put_turn(call.call_id, turn)
 
     def call_ended(self, call: CallRecord) -> None:
         self._writer.put(UPSERT_CALL, call_row(call, self.replica))
         for turn in call.turns:
-            self._writer.put(UPSERT_TURN, turn_row(call.call_id, turn))
+            self._put_turn(call.call_id, turn)
+
+    def _put_turn(self, call_id: str, turn: TurnRecord) -> None:
+        self._writer.put(UPSERT_TURN, turn_row(call_id, turn))
+        for row in tool_call_rows(call_id, turn):
+            self._writer.put(UPSERT_TOOL_CALL, row)
 
     # -- reads (blocking; off the event loop) ----------------------------------------------------------------
     def _query(self, sql: str, params: tuple | dict = ()) -> list[Any]:
@@ -180,8 +196,15 @@ class CallStore:
         call = row_dict(rows[0])
         call["turns"] = [row_dict(r) for r in
                          self._query("SELECT * FROM turns WHERE call_id = ? ORDER BY turn", (call_id,))]
+        tools: dict[int, list[dict[str, Any]]] = {}
+        for r in self._query("SELECT * FROM tool_calls WHERE call_id = ? ORDER BY turn, idx", (call_id,)):
+            row = row_dict(r)
+            for key in ("call_id", "idx"):
+                del row[key]
+            tools.setdefault(row.pop("turn"), []).append(row)
         for turn in call["turns"]:
             del turn["call_id"]
+            turn["tool_calls"] = tools.get(turn["turn"], [])
         call["turn_count"] = len(call["turns"])
         call["voice_to_voice_ms"] = percentiles([t["voice_to_voice_ms"] for t in call["turns"]
                                                  if t["voice_to_voice_ms"] is not None])

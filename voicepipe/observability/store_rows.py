@@ -23,7 +23,8 @@ DECISION_KEYS = ("policy", "action", "reason", "silence_ms", "wait_ms", "text_pr
 _DECISION_TEXT_KEYS = ("policy", "action", "reason")
 TURN_COLUMNS = ("call_id", "turn", "user_text", "agent_text", "heard_text", "interrupted", "prompt_tokens",
                 "cached_prompt_tokens", "output_tokens", "voice_to_voice_ms", "timings_ms", "timeline", "error",
-                *(f"decision_{key}" for key in DECISION_KEYS), "reopened", "backchannels")
+                *(f"decision_{key}" for key in DECISION_KEYS), "reopened", "backchannels", "dtmf")
+TOOL_CALL_COLUMNS = ("call_id", "turn", "idx", "name", "arguments", "t", "latency_ms", "result_chars", "error")
 JSON_COLUMNS = {"metadata": dict, "timings_ms": dict, "timeline": dict, "reopened": list, "backchannels": list}
 
 
@@ -63,7 +64,16 @@ def turn_row(call_id: str, turn: TurnRecord) -> dict[str, Any]:
             "voice_to_voice_ms": _finite(turn.timings_ms.get("voice_to_voice")),
             "timings_ms": _json(turn.timings_ms), "timeline": _json(turn.timeline), "error": turn.error,
             **_decision_columns(turn.decision or {}), "reopened": _json(turn.reopened or []),
-            "backchannels": _json(turn.backchannels or [])}
+            "backchannels": _json(turn.backchannels or []), "dtmf": turn.dtmf}
+
+
+def tool_call_rows(call_id: str, turn: TurnRecord) -> list[dict[str, Any]]:
+    """One row per tool call of the turn's reply (`TurnRecord.tool_calls`)."""
+    return [{"call_id": call_id, "turn": int(turn.turn), "idx": i, "name": str(c.get("name", "")),
+             "arguments": str(c.get("arguments", "{}")), "t": _finite(c.get("t")),
+             "latency_ms": _finite(c.get("latency_ms")), "result_chars": int(c.get("result_chars") or 0),
+             "error": None if c.get("error") is None else str(c.get("error"))}
+            for i, c in enumerate(turn.tool_calls or [])]
 
 
 def upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
@@ -76,6 +86,7 @@ def upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> st
 
 UPSERT_CALL = upsert_sql("calls", CALL_COLUMNS, ("id",))
 UPSERT_TURN = upsert_sql("turns", TURN_COLUMNS, ("call_id", "turn"))
+UPSERT_TOOL_CALL = upsert_sql("tool_calls", TOOL_CALL_COLUMNS, ("call_id", "turn", "idx"))
 
 
 def row_dict(row: Any) -> dict[str, Any]:

@@ -68,6 +68,23 @@ MIGRATIONS: list[Migration] = [
     [
         "ALTER TABLE calls ADD COLUMN replica TEXT",
     ],
+    # 4: keypad turns (DTMF) and each tool call a reply made
+    [
+        "ALTER TABLE turns ADD COLUMN dtmf TEXT",  # a keypad turn's keys (NULL: a spoken turn)
+        """CREATE TABLE tool_calls (
+            call_id TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            idx INTEGER NOT NULL,                  -- its place among the turn's calls, from 0
+            name TEXT NOT NULL,
+            arguments TEXT NOT NULL DEFAULT '{}',  -- the model's JSON text
+            t REAL,                                -- seconds since the call started: the model's call complete
+            latency_ms REAL,                       -- from the call to its result
+            result_chars INTEGER NOT NULL DEFAULT 0,
+            error TEXT,                            -- NULL: it succeeded
+            PRIMARY KEY (call_id, turn, idx)
+        )""",
+        "CREATE INDEX tool_calls_by_name ON tool_calls (name)",
+    ],
 ]
 
 

@@ -14,6 +14,8 @@ SPANS: tuple[tuple[str, str, str], ...] = (
     ("first_clause", "end_of_turn", "first_clause"),
     ("tts_first_audio", "first_clause", "first_audio_synth"),
     ("send_delay", "first_audio_synth", "first_audio_sent"),
+    ("dtmf_response", "dtmf_end", "first_audio_sent"),  # a keypad turn: from its entry's end (the # key, say)
+    ("tool", "tool_call", "tool_result"),  # the reply's first tool call: from the model's call to its result
 )
 
 AFTER_END_OF_TURN = frozenset({"stt_final", "first_clause", "tts_first_audio", "send_delay"})
@@ -29,6 +31,11 @@ EVENTS: tuple[str, ...] = (
     "prefill_start", "first_token", "first_clause", "first_audio_synth", "first_audio_sent", "playout_end",
 )
 CHAIN: tuple[str, ...] = tuple(e for e in EVENTS if e not in ("first_partial", "end_of_turn"))
+# A keypad turn has no speech: its timeline starts with these (dtmf_end is also its end_of_turn), then goes on as
+# a speech turn's does from final_transcript. A reply that calls a tool adds tool_call and tool_result after its
+# first_token (the spoken reply's first_clause may come before tool_result: a filler while the tool runs).
+KEYPAD_EVENTS: tuple[str, ...] = ("dtmf_start", "dtmf_end")
+TOOL_EVENTS: tuple[str, ...] = ("tool_call", "tool_result")
 
 
 def derive_timings(timeline: dict[str, float]) -> dict[str, float]:

@@ -23,6 +23,7 @@ STAGES: list[tuple[str, str, str, str]] = [
     ("stt", "STT final transcript", "stt_requested", "final_transcript"),
     ("queue", "LLM queue", "llm_queued", "prefill_start"),
     ("prefill", "prefill → first token (TTFT)", "prefill_start", "first_token"),
+    ("tool", "tool call", "tool_call", "tool_result"),  # a reply that called a tool: its first call
     ("first_clause", "first clause", "first_token", "first_clause"),
     ("tts", "TTS first audio", "first_clause", "first_audio_synth"),
     ("send", "send", "first_audio_synth", "first_audio_sent"),
@@ -57,7 +58,7 @@ def turn_stages(turn: dict[str, Any]) -> list[Segment]:
 def _from_timeline(timeline: dict[str, float], origin: float) -> list[Segment]:
     segments, previous_end = [], origin
     for key, _, start_event, end_event in STAGES:
-        if end_event not in timeline:
+        if end_event not in timeline or key == "end_of_turn" and start_event not in timeline:  # a keypad turn's
             continue
         start = timeline.get(start_event, previous_end)
         end = timeline[end_event]
@@ -148,6 +149,7 @@ def waterfall_svg(turns: list[dict[str, Any]], width: int = 960) -> str:
         classes = "turn interrupted" if turn.get("interrupted") else "turn"
         v2v = _number(turn.get("voice_to_voice_ms"))
         label = (f"turn {turn['turn']}" + (" ⚡" if turn.get("interrupted") else "")  # ⚡: the caller barged in
+                 + (" ⌨" if turn.get("dtmf") else "")  # ⌨: a keypad turn
                  + (f" · {v2v:.0f} ms" if v2v is not None else ""))
         out.append(f'<g class="{classes}" data-turn="{int(turn["turn"])}">'
                    f'<text class="turn-label" x="4" y="{y + bar_h - 3}">{escape(label)}</text>')

@@ -45,7 +45,9 @@ class AgentOutput(Protocol):
         transport that plays out locally (WebRTC) stops its queued audio too, after anything sent before."""
 
     def event(self, kind: str, **data: Any) -> None:
-        """A call event for clients that show them (native protocol): transcript, agent_text, turn."""
+        """A call event for clients that show them (native protocol): transcript, agent_text, turn, transfer."""
+
+    # A transport that can send keys on the line also has `can_send_dtmf = True` and `send_dtmf(digits)`.
 
     # A transport also reports back to the call: `CallSession.agent_audio_sent(turn, samples, rate)` as it sends
     # agent audio, and `CallSession.note(event_type, **data)` for its own events (marks, clears).
@@ -73,6 +75,7 @@ class _Reply:
     turns_before: int = 0  # LLM session turns before this reply's (what dropping an early reply goes back to)
     segment: int = 0  # an early reply: the caller's speech segment it answers (TurnTaking.segment)
     consumed: tuple[str | None, str | None] = (None, None)  # the greeting / unanswered words its prompt took
+    after: tuple[str, str | None] | None = None  # once played, a tool's action: (end_call | transfer_call, target)
 
     @property
     def held(self) -> bool:

@@ -51,12 +51,13 @@ class Interruptions:
         self._hold_output(False)  # a backchannel, or a noise with no words: the agent goes on
         self.stt.resume()
 
-    def _barge_in(self) -> None:
-        """The caller talks over the agent: stop now (synchronously), then clear and roll back. Before the agent has
-        sent any audio of the turn, the caller simply went on: the turn is reopened instead."""
+    def _barge_in(self, by_keys: bool = False) -> None:
+        """The caller talks over the agent (or presses a key, `by_keys`): stop now (synchronously), then clear and roll
+        back. Before the agent has sent any audio of the turn, the caller simply went on: the turn is reopened
+        instead."""
         reply = self._reply
         if reply.record is not None and not reply.greeting and "first_audio_sent" not in reply.record.timeline:
-            self._reopen(reply)
+            self._reopen(reply, speech_goes_on=not by_keys)
             return
         self._reply = None  # from here on the caller's new turn owns the call
         self.state = CallState.LISTENING
@@ -70,9 +71,10 @@ class Interruptions:
         self._hold_output(False)  # the clear dropped what was held; the next reply plays
         self._spawn(self._after_barge_in(reply, heard), "barge-in")
 
-    def _reopen(self, reply: _Reply) -> None:
+    def _reopen(self, reply: _Reply, speech_goes_on: bool = True) -> None:
         """The caller went on speaking after the end-of-turn decision, before any of the reply was sent: the reply
-        and its LLM turn are dropped, and its words open the turn that goes on."""
+        and its LLM turn are dropped, and its words open the turn that goes on (a keypad turn when the caller went
+        on with keys: the turn-taking's turn is not reopened then)."""
         self._reply = None
         self.state = CallState.LISTENING
         record = reply.record
@@ -84,10 +86,11 @@ class Interruptions:
         if record in self.record.turns:
             self.record.turns.remove(record)
         self._turns -= 1
-        self.turns.reopen(record.decision, self._since())
-        for key in ("speech_start", "first_partial"):  # the turn began back then
-            if key in record.timeline:
-                self._next_timeline[key] = record.timeline[key]
+        if speech_goes_on:
+            self.turns.reopen(record.decision, self._since())
+            for key in ("speech_start", "first_partial"):  # the turn began back then
+                if key in record.timeline:
+                    self._next_timeline[key] = record.timeline[key]
         log.info("call %s: turn %d reopened (%s)", self.call_id, reply.turn, record.decision.get("reason", "?"))
         self.note("turn_reopened", turn=reply.turn, decision=record.decision)
         self._spawn(self._after_reopen(reply), "reopen")

@@ -42,8 +42,17 @@ def call_resources(runtime) -> CallResources:
             raise RuntimeError(f"the models failed to load: {runtime.load_error}")
         res = CallResources(_engine(runtime), _vad(runtime), _transcriber(runtime), _synthesizer(runtime),
                             getattr(runtime, "turn", None))
+        _prepare_tools(res.engine, runtime.settings.calls)
         runtime.call_resources = res
         return res
+
+
+def _prepare_tools(engine, cfg) -> None:
+    """Calls with tools constrain their replies: build the grammar's view of the tokenizer (about a second of CPU)
+    here, off the event loop, rather than in the first call's reply."""
+    grammar = getattr(engine, "grammar_tokenizer", None)
+    if (cfg.tools or cfg.webhook_tools) and grammar is not None:
+        grammar.get()
 
 
 def _engine(runtime):

@@ -19,7 +19,8 @@ their own worker threads.
 
 This file holds the state machine: lifecycle, caller audio, end of turn, replies, timeline and observers. Its
 machinery lives beside it, in mixins `CallSession` inherits: `early_reply.py` (early replies), `interruptions.py`
-(barge-in, reopen, backchannels, hold) and `housekeeping.py` (background tasks, the idle watch).
+(barge-in, reopen, backchannels, hold), `housekeeping.py` (background tasks, the idle watch), `keypad.py` (DTMF
+entries as turns) and `tool_calls.py` (the tools a reply may call).
 
 Each turn keeps a timeline (`TurnRecord.timeline`, see `voicepipe/observability/hooks.py`) and the call reports
 to its `Observers` (call store, metrics, recorder): the call's start and end, each finished turn, caller and
@@ -48,7 +49,9 @@ from voicepipe.pipeline.call_types import AgentOutput, CallState, _Reply
 from voicepipe.pipeline.early_reply import EarlyReplies
 from voicepipe.pipeline.housekeeping import Housekeeping
 from voicepipe.pipeline.interruptions import Interruptions
+from voicepipe.pipeline.keypad import Keypad
 from voicepipe.pipeline.resources import CallResources
+from voicepipe.pipeline.tool_calls import ToolCalls, call_tools
 from voicepipe.pipeline.turn_taking import TurnTaking
 from voicepipe.turns.backchannel import is_backchannel
 from voicepipe.turns.policy import POLICIES, TurnPolicy, effective_policy
@@ -61,7 +64,7 @@ PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT h
 ARRIVALS_KEPT = 1500  # caller chunks whose arrival time is kept (30 s of 20 ms chunks) to date VAD events
 
 
-class CallSession(EarlyReplies, Interruptions, Housekeeping):
+class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
     """One call. `start()`, then `push_audio()` for every inbound chunk, then `close()`."""
 
     def __init__(self, resources: CallResources, settings: Settings, output: AgentOutput, *,
@@ -85,6 +88,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
         if self.cfg.allow_overrides and params.get("turn_policy") in POLICIES:
             policy = params["turn_policy"]
         self.turn_policy = policy
+        self.tools, self.tool_choice = call_tools(self.cfg, bool(getattr(output, "can_send_dtmf", False)), params)
         self.system_prompt = prompt
         self.greeting = greeting or None
         self.record = CallRecord(self.call_id, transport, system_prompt=prompt, greeting=self.greeting,
@@ -113,6 +117,9 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
         self._early: _Reply | None = None  # a reply started at the speech end, before the end-of-turn decision
         self._pending_assistant: str | None = None  # greeting text to put in the history before turn 1
         self._unanswered: str | None = None  # caller words cut off before the LLM heard them: they open the next turn
+        self._keys: list[str] = []  # the keypad entry being typed (keypad.py)
+        self._keys_started: float | None = None
+        self._keys_timer: asyncio.TimerHandle | None = None
         self._last_activity = time.monotonic()
         self._watchdog: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -149,6 +156,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
             return
         self.closed = True
         self.end_reason = reason
+        self._close_keypad()
         early, self._early = self._early, None
         if early is not None:  # not confirmed by an end of turn: it leaves no turn behind
             early.stream.cancel()
@@ -438,6 +446,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
                 await asyncio.sleep(0.02)
             if record is not None:
                 record.timeline["playout_end"] = self._since()
+            await self._act_after_reply(reply)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one failed turn must not end the call
@@ -475,25 +484,28 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
         engine = self.res.engine
         seed = None if self.seed is None else self.seed + reply.turn  # reproducible, and distinct per turn
         reply.turns_before = len(self.session.marks)
-        probe = reply.release is not None and self.turns.policy.uses_text  # an early reply tells the policy
-        gen = engine.generate(self.session, messages, tier="priority", max_tokens=self.cfg.max_reply_tokens,
-                              temperature=self.cfg.temperature, seed=seed, end_probe=probe)
+        # an early reply to speech tells the policy how finished the words are (keys need no such evidence)
+        probe = reply.release is not None and record.dtmf is None and self.turns.policy.uses_text
+        gen = engine.generate(self.session, messages, tier="priority", temperature=self.cfg.temperature, seed=seed,
+                              end_probe=probe, **self._tool_options())
         if probe:
             gen.end_prob.add_done_callback(
                 lambda f: f.cancelled() or self.turns.text_known(reply.segment, f.result(), text))
-        reply.generation = gen
         reply.llm_started = True
         record.timeline["llm_queued"] = self._since()
         self.note("llm_queued", turn=reply.turn)
         pump = asyncio.create_task(self._pump_audio(reply), name=f"tts-{self.call_id}")
         timeline = record.timeline
+        generations = [gen]
         try:
             try:
-                async for piece in gen:
-                    if "first_token" not in timeline:
-                        self._engine_times(gen.stats, timeline)
-                        self.note("first_token", turn=reply.turn)
-                    self._say(reply, piece.text, len(piece.token_ids), gen)
+                await self._speak(reply, gen)
+                while gen.tool_calls and len(generations) <= self.cfg.max_tool_rounds:  # the reply goes on after a call
+                    results, say = await self._call_tools(reply, gen.tool_calls)
+                    gen = engine.generate(self.session, results, tier="priority", temperature=self.cfg.temperature,
+                                          seed=seed, **self._tool_options(len(generations), say))
+                    generations.append(gen)
+                    await self._speak(reply, gen)
             except LLMError as exc:  # the engine or its remote backend failed: an apology, and the call goes on
                 self._llm_failed(reply, record, exc)
             if reply.stream.end_text() and "first_clause" not in timeline:
@@ -506,10 +518,22 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping):
             if not pump.done():
                 pump.cancel()
             record.agent_text = reply.text
-            stats = gen.stats  # what the engine did, even for a reply cut short by a hang-up
+            stats = generations[0].stats  # what the engine did, even for a reply cut short by a hang-up
             record.prompt_tokens = stats.prompt_tokens
             record.cached_prompt_tokens = stats.cached_prompt_tokens
-            record.output_tokens = stats.output_tokens
+            record.output_tokens = sum(g.stats.output_tokens for g in generations)
+
+    async def _speak(self, reply: _Reply, gen) -> None:
+        """Pass one generation's text to the TTS as it comes (a reply that calls a tool has more than one: its
+        `pieces` map the text to the tokens of the latest, the one a barge-in rolls back)."""
+        timeline = reply.record.timeline
+        reply.generation = gen
+        reply.tokens, reply.pieces = 0, []
+        async for piece in gen:
+            if "first_token" not in timeline:
+                self._engine_times(gen.stats, timeline)
+                self.note("first_token", turn=reply.turn)
+            self._say(reply, piece.text, len(piece.token_ids), gen)
 
     def _say(self, reply: _Reply, text: str, tokens: int, gen=None) -> None:
         """Hand a piece of the reply (``tokens`` of the engine's) to the TTS and to the client."""

@@ -25,7 +25,13 @@ regex = ["(?i)when|what time"]  # Python regexes the reply must match (re.search
 max_chars = 200
 barge_in = true                 # the caller talks over this reply: the agent must stop (false: must not be cut)
 barge_in_stop_ms = 1200         # ... within this long of the caller starting to speak (the clear arriving)
+
+[[dtmf]]                        # optional, any number: keys the caller presses, re-sent at their times
+at_s = 3.2                      # seconds from the start of the caller's channel
+digits = "4217#"                # one or more of 0-9 * # A-D
+gap_s = 0.2                     # between the keys of `digits` (0.2)
 ```
+A keypad turn's transcript is what the server makes of its entry, e.g. "[keypad: 4 2 1 7]".
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ class CallCase:
     response_p95_ms: float | None = None
     reply: ReplyChecks = field(default_factory=ReplyChecks)  # for every turn
     expected_turns: list[TurnExpectation] = field(default_factory=list)
+    keys: list[tuple[float, str]] = field(default_factory=list)  # (seconds into the channel, key), in time order
 
     @property
     def path(self) -> Path:
@@ -108,6 +115,8 @@ _REPLY_FIELDS = {"contains": _STRS, "not_contains": _STRS, "regex": _STRS, "max_
 _EXPECT_FIELDS = {"turns": _INT, "voice_to_voice_p95_ms": _NUM, "response_p95_ms": _NUM, **_REPLY_FIELDS}
 _TURN_FIELDS = {"transcript": _STR, "max_wer": _NUM, "golden": _STR, "golden_max_wer": _NUM,
                 "barge_in": _BOOL, "barge_in_stop_ms": _NUM, **_REPLY_FIELDS}
+_DTMF_FIELDS = {"at_s": _NUM, "digits": _STR, "gap_s": _NUM}
+DTMF_KEYS = frozenset("0123456789*#ABCD")
 
 
 class _Table:
@@ -174,7 +183,8 @@ def load_case(directory: Path) -> CallCase:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise CaseError(path, "syntax", f"not valid TOML ({exc})") from None
     top = _Table(path, "", data, {"call": ((dict,), "a table"), "expect": ((dict,), "a table"),
-                                  "turn": ((list,), "an array of tables ([[turn]])")})
+                                  "turn": ((list,), "an array of tables ([[turn]])"),
+                                  "dtmf": ((list,), "an array of tables ([[dtmf]])")})
     call = _Table(path, "call", top.get("call", required=True), _CALL_FIELDS)
     transport = call.get("transport", required=True)
     if transport not in REPLAY_TRANSPORTS:
@@ -197,7 +207,19 @@ def load_case(directory: Path) -> CallCase:
         deterministic=call.get("deterministic", True), turns=int(n_turns),
         voice_to_voice_p95_ms=expect.number("voice_to_voice_p95_ms", None, 0),
         response_p95_ms=expect.number("response_p95_ms", None, 0),
-        reply=expect.reply_checks(), expected_turns=turns)
+        reply=expect.reply_checks(), expected_turns=turns,
+        keys=sorted(key for i, raw in enumerate(top.get("dtmf", [])) for key in _keys(path, i, raw)))
+
+
+def _keys(path: Path, index: int, raw: Any) -> list[tuple[float, str]]:
+    table = _Table(path, f"dtmf[{index}]", raw, _DTMF_FIELDS)
+    at, gap = table.number("at_s", None, 0), table.number("gap_s", 0.2, 0, 10)
+    digits = table.get("digits", required=True)
+    if at is None:
+        raise CaseError(path, table.name("at_s"), "missing required field")
+    if not digits or any(d not in DTMF_KEYS for d in digits):
+        raise CaseError(path, table.name("digits"), f"must be keys 0-9 * # A-D, got {digits!r}"[:120])
+    return [(round(at + i * gap, 4), d) for i, d in enumerate(digits)]
 
 
 def _turn(path: Path, index: int, raw: Any) -> TurnExpectation:

@@ -1,6 +1,7 @@
 """`voicepipe replay init`: a recorded call becomes a case, its expectations pre-filled from that run.
 
-Pre-filled: the transport, system prompt and greeting of the call; per turn the caller's transcript (WER 0.25),
+Pre-filled: the transport, system prompt and greeting of the call; the keys the caller pressed, at their times;
+per turn the caller's transcript (WER 0.25),
 the agent's reply as golden text, whether the reply was interrupted (and how fast the agent stopped), a
 reply length limit; the turn count; voice-to-voice and response p95 budgets with headroom (x2 or +1 s).
 The author then tightens them.
@@ -84,6 +85,10 @@ def case_toml(rec: Recording) -> str:
         else:
             lines += [f"golden = {toml_value(agent)}", "golden_max_wer = 0.5", "barge_in = false"]
         lines.append(f"max_chars = {max(100, 2 * len(agent))}")
+    for event in rec.events:
+        at, digit = event.get("t"), event.get("digit")
+        if event["type"] == "dtmf" and isinstance(at, (int, float)) and isinstance(digit, str):
+            lines += ["", "[[dtmf]]", f"at_s = {round(float(at), 3)!r}", f"digits = {toml_value(digit)}"]
     return "\n".join(lines) + "\n"
 
 

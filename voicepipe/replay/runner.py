@@ -60,7 +60,8 @@ async def replay_case(case: CallCase, url: str, options: ReplayOptions) -> Obser
     try:
         result = await asyncio.wait_for(
             play_call(endpoint_url(ws_base(url), case.transport), case.transport, case.audio, case.rate,
-                      params=call_params(case, options.seed), token=options.token, record_url=http_base(url)),
+                      params=call_params(case, options.seed), token=options.token, record_url=http_base(url),
+                      keys=case.keys),
             timeout=case.duration_s + REPLY_TAIL_S)
         call = observe(result, case.audio, case.rate)
     except Exception as exc:  # one case that cannot connect must not stop the others

@@ -23,7 +23,7 @@ from starlette.websockets import WebSocketState
 from voicepipe.auth import MAX_CALL_ID_CHARS, is_call_id
 from voicepipe.observability.hooks import Observers
 from voicepipe.pipeline import CallRegistry, CallSession
-from voicepipe.transports.events import Mark, Media, Start, Stop, TransportError
+from voicepipe.transports.events import Dtmf, Mark, Media, Start, Stop, TransportError
 from voicepipe.transports.limits import MessageRate
 from voicepipe.transports.playback import Heard, PlaybackController
 from voicepipe.transports.serializers import Serializer
@@ -146,6 +146,9 @@ class Connection:
                 self._wake.set()
             if self.call is not None:
                 self.call.note("mark", name=event.name)
+        elif isinstance(event, Dtmf):
+            if self.call is not None:
+                self.call.push_dtmf(event.digit)
         elif isinstance(event, Start):
             await self._on_start(event)
         elif isinstance(event, Stop):
@@ -336,11 +339,23 @@ class Connection:
             self._out.put_nowait(functools.partial(hold_playout, on))
         self._wake.set()
 
+    @property
+    def can_send_dtmf(self) -> bool:
+        """Whether the agent can press keys on this line: the native protocol (and WebRTC, which speaks it) passes
+        them to the client; the providers' media streams take no keys (their REST APIs do)."""
+        return isinstance(self.ser, NativeSerializer)
+
+    def send_dtmf(self, digits: str) -> None:
+        if isinstance(self.ser, NativeSerializer):
+            self._send(self.ser.encode_dtmf(digits))
+
     def event(self, kind: str, **data: Any) -> None:
         ser = self.ser
         if not isinstance(ser, NativeSerializer):
             return
-        if kind == "transcript":
+        if kind == "transfer":
+            self._send(ser.encode_transfer(data["target"]))
+        elif kind == "transcript":
             self._send(ser.encode_transcript(data["text"], data["final"], data["turn"]))
         elif kind == "agent_text":
             self._send(ser.encode_agent_text(data["text"], data["turn"], data.get("final", False)))

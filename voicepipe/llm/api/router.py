@@ -35,6 +35,7 @@ from voicepipe.llm.errors import (
     OverloadedError,
 )
 from voicepipe.llm.sampling import SamplingParams
+from voicepipe.llm.tools import render_call
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +98,6 @@ def _tier(requested: str | None) -> str:
     return "default" if requested in (None, "auto") else requested
 
 
-def _grammar_tokenizer(request: Request, engine) -> GrammarTokenizer:
-    state = request.app.state
-    if getattr(state, "grammar_tokenizer", None) is None:
-        state.grammar_tokenizer = GrammarTokenizer(engine.tokenizer)
-    return state.grammar_tokenizer
-
-
 def _sampling(body, grammar: GrammarTokenizer | None, response_format: dict | None = None) -> SamplingParams:
     logprobs = body.logprobs if isinstance(body, CompletionRequest) else None
     limit = (body.token_limit() if isinstance(body, ChatCompletionRequest) else body.max_tokens) or DEFAULT_MAX_TOKENS
@@ -121,14 +115,27 @@ def _sampling(body, grammar: GrammarTokenizer | None, response_format: dict | No
 async def _chat_completions(body: ChatCompletionRequest, request: Request):
     engine = _engine(request)
     model = _check_model(request, body.model)
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [_engine_message(m) for m in body.messages]
     response_format = None
     if body.response_format is not None:
         response_format = body.response_format.model_dump(by_alias=True)
         if body.response_format.json_schema is not None:
             response_format["schema"] = body.response_format.json_schema.schema_
-    params = _with_errors(lambda: _sampling(body, _grammar_tokenizer(request, engine), response_format))
-    return await _respond(engine, messages, params, body, model, chat=True)
+    grammar = engine.grammar_tokenizer if response_format else None
+    params = _with_errors(lambda: _sampling(body, grammar, response_format))
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    return await _respond(engine, messages, params, body, model, chat=True, tools=tools, tool_choice=choice)
+
+
+def _engine_message(message) -> dict[str, str]:
+    """A chat message as the engine takes it: an assistant's earlier tool calls are put back as the model writes
+    them (after its text, if any); a tool's result is a message with role "tool"."""
+    text = message.text()
+    if message.role == "assistant" and message.tool_calls:
+        calls = "".join(render_call(c.function.name, c.function.arguments) for c in message.tool_calls)
+        text = f"{text}\n{calls}" if text else calls
+    return {"role": message.role, "content": text}
 
 
 async def _completions(body: CompletionRequest, request: Request):
@@ -157,11 +164,12 @@ def _api_error(exc: LLMError) -> APIError:
     return APIError(500, exc.message, "server_error")
 
 
-async def _respond(engine, prompt: list[dict] | str, params: SamplingParams, body, model: str, chat: bool):
+async def _respond(engine, prompt: list[dict] | str, params: SamplingParams, body, model: str, chat: bool,
+                   tools: list[dict] | None = None, tool_choice: Any = None):
     tier = _tier(body.service_tier)
     try:
-        generation = engine.generate(None, prompt, tier=tier, params=params) if chat else \
-            engine.complete(prompt, tier=tier, params=params)
+        generation = engine.generate(None, prompt, tier=tier, params=params, tools=tools, tool_choice=tool_choice) \
+            if chat else engine.complete(prompt, tier=tier, params=params)
         pieces = aiter(generation)
         first = await anext(pieces, None)  # admission errors become HTTP errors, before any header is sent
     except LLMError as exc:
@@ -196,8 +204,13 @@ class _Meta:
     def final(self, generation, text: str, pieces: list) -> dict[str, Any]:
         reason = _finish_reason(generation)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                      "logprobs": None}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            calls = getattr(generation, "tool_calls", [])
+            if calls:
+                message = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls]}
+            choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
             body = self.envelope("chat.completion", [choice])
         else:
             body = self.envelope("text_completion", [{"index": 0, "text": text, "finish_reason": reason,
@@ -217,7 +230,26 @@ class _Meta:
 
 
 def _finish_reason(generation) -> str:
-    return "length" if generation.finish_reason == "length" else "stop"
+    if generation.finish_reason == "length":
+        return "length"
+    return "tool_calls" if getattr(generation, "tool_calls", []) else "stop"
+
+
+def _delta(piece) -> dict[str, Any]:
+    """A streamed piece as a chat chunk's delta: text, or a piece of a tool call."""
+    call = piece.tool_call
+    if call is None:
+        return {"content": piece.text}
+    entry: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
+    if call.id is not None:
+        entry.update(id=call.id, type="function")
+        entry["function"]["name"] = call.name
+    return {"tool_calls": [entry]}
+
+
+def _worth_a_chunk(piece) -> bool:
+    """Text, a piece of a tool call, or tokens whose logprobs were asked for (their text may still be empty)."""
+    return bool(piece.text or piece.tool_call is not None or piece.logprobs)
 
 
 def usage(generation) -> dict[str, Any]:
@@ -234,10 +266,12 @@ async def _sse(meta: _Meta, generation, first, pieces: AsyncIterator, include_us
     # Leaving this generator early (the client went away) closes `pieces`, which cancels the request.
     if meta.chat:
         yield event(meta.chunk(delta={"role": "assistant", "content": ""}))
-    if first is not None:
-        yield event(meta.chunk(delta={"content": first.text}, text=first.text, piece=first))
+    for piece in ([first] if first is not None else []):
+        if _worth_a_chunk(piece):
+            yield event(meta.chunk(delta=_delta(piece), text=piece.text, piece=piece))
     async for piece in pieces:
-        yield event(meta.chunk(delta={"content": piece.text}, text=piece.text, piece=piece))
+        if _worth_a_chunk(piece):
+            yield event(meta.chunk(delta=_delta(piece), text=piece.text, piece=piece))
     yield event(meta.chunk(reason=_finish_reason(generation)))
     if include_usage:
         tail = meta.envelope("chat.completion.chunk" if meta.chat else "text_completion", [])

@@ -188,6 +188,9 @@ class RemoteEngine:
             raise InvalidRequestError("a remote engine serves sessions only.", "open a session first.")
         if params is not None:
             sampling = {k: getattr(params, k) for k in ("max_tokens", "temperature", "top_p", "seed", "stop")}
+        if sampling.get("tools"):  # a call's own `tools` parameter: the settings refuse them with a remote backend
+            raise InvalidRequestError("tools are not supported over a remote LLM backend yet.",
+                                      "drop the call's tools, or set llm.backend = \"local\".")
         tier_rank(tier)
         new = validate_messages(new_messages)
         self._check_idle(session)

@@ -189,6 +189,9 @@ class AudioSocketCallerSerializer(CallerSerializer):
     def audio(self, pcm16: np.ndarray) -> list[Frame]:
         return [encode_message(KIND_SLIN, self.encode(pcm16))]
 
+    def dtmf(self, digit: str) -> list[Frame]:
+        return [encode_message(KIND_DTMF, digit.encode("ascii"))]
+
     def stop(self) -> list[Frame]:
         return [encode_message(KIND_HANGUP)]
 

@@ -227,6 +227,10 @@ class CallerSerializer(ABC):
         """The answer to a clear (after the echoes of the marks it dropped)."""
         return []
 
+    def dtmf(self, digit: str) -> list[Frame]:
+        """The frames of one key press (0-9, *, #, A-D) as the provider reports it."""
+        raise NotImplementedError(f"{type(self).__name__} sends no keys")
+
     def stop(self) -> list[Frame]:
         """The frames that hang up."""
         return []

@@ -259,6 +259,9 @@ class MediaStreamCallerSerializer(CallerSerializer):
     def mark_ack(self, name: str) -> list[Frame]:
         return [self._message("mark", mark_body(name))]
 
+    def dtmf(self, digit: str) -> list[Frame]:
+        return [self._message("dtmf", {"dtmf": {"track": "inbound_track", "digit": digit}})]
+
     def stop(self) -> list[Frame]:
         return [self._message("stop", {"stop": self.stop_fields()})]
 

@@ -11,6 +11,7 @@ caller's end is here as well: `WebRtcCallerSerializer`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,14 @@ from voicepipe.transports.serializers.base import (
 )
 
 RATES = frozenset({8000, 16000, 24000, 48000})
-START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy")
+
+
+@dataclass(frozen=True)
+class KeyPress:
+    """A key a WebRTC caller presses: not a frame, an RTP event its link sends (caller/webrtc.py)."""
+
+    digit: str
+START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice")
 PROTOCOL_VERSION = 1
 
 
@@ -72,9 +80,11 @@ class NativeSerializer(Serializer):
         if encoding != "pcm16":
             raise ProtocolError("unsupported_codec", f"encoding {encoding!r} (only 'pcm16')"[:100])
         for key, kinds in (("system_prompt", str), ("greeting", (str, type(None))), ("metadata", dict),
-                           ("turn_policy", str)):
+                           ("turn_policy", str), ("tools", (str, list)), ("tool_choice", str)):
             if key in message and not isinstance(message[key], kinds):
                 raise ProtocolError("bad_start", f"start.{key} has the wrong type")
+        if isinstance(message.get("tools"), list) and not all(isinstance(t, str) for t in message["tools"]):
+            raise ProtocolError("bad_start", "start.tools must name tools (strings)")
         call_id = message.get("call_id")
         params = {k: message[k] for k in START_FIELDS if k in message}
         self.supports_marks = message.get("marks") is True
@@ -129,6 +139,14 @@ class NativeSerializer(Serializer):
     def encode_error(self, code: str, message: str) -> list[Frame]:
         return [dumps({"type": "error", "code": code, "message": message})]
 
+    def encode_dtmf(self, digits: str) -> list[Frame]:
+        """Keys the agent presses (its send_dtmf tool), for the client to play on the line."""
+        return [dumps({"type": "dtmf", "digits": digits})]
+
+    def encode_transfer(self, target: str) -> list[Frame]:
+        """The agent transfers the caller (its transfer_call tool); the server hangs up after it."""
+        return [dumps({"type": "transfer", "target": target})]
+
 
 class NativeCallerSerializer(PcmCallerSerializer):
     """A client of `/ws`: 16 kHz PCM16, marks on; the server's events come out of `parse` as ("event", message)."""
@@ -140,6 +158,9 @@ class NativeCallerSerializer(PcmCallerSerializer):
 
     def mark_ack(self, name: str) -> list[Frame]:
         return [mark_message(name)]
+
+    def dtmf(self, digit: str) -> list[Frame]:
+        return [dtmf_message(digit)]
 
     def stop(self) -> list[Frame]:
         return [stop_message("hangup")]
@@ -175,6 +196,9 @@ class WebRtcCallerSerializer(NativeCallerSerializer):
     def audio(self, pcm16: np.ndarray) -> list[np.ndarray]:
         return [pcm16]
 
+    def dtmf(self, digit: str) -> list[KeyPress]:
+        return [KeyPress(digit)]  # the link sends it as RFC 4733 telephone events, as a browser does
+
     def parse(self, frame: str | np.ndarray) -> list[tuple[str, Any]]:
         if isinstance(frame, str):
             return [("event", json.loads(frame))]
@@ -203,13 +227,14 @@ def start_message(sample_rate: int, fields: dict[str, Any]) -> str:
     return dumps({"type": "start", "sample_rate": sample_rate, "encoding": "pcm16", **fields})
 
 
+def dtmf_message(digit: str) -> str:
+    """A key the caller pressed (one of 0-9, *, #, A-D; a WebRTC call's RFC 4733 event or a SIP INFO becomes one,
+    webrtc/link.py)."""
+    return dumps({"type": "dtmf", "digit": digit})
+
+
 def stop_message(reason: str) -> str:
     return dumps({"type": "stop", "reason": reason})
-
-
-def dtmf_message(digit: str) -> str:
-    """A key press (one of 0-9, *, #, A-D)."""
-    return dumps({"type": "dtmf", "digit": digit})
 
 
 def mark_message(name: str) -> str:

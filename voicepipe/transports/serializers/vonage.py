@@ -107,6 +107,9 @@ class VonageCallerSerializer(PcmCallerSerializer):
     def mark_ack(self, name: str) -> list[Frame]:
         return [dumps({"event": "websocket:notify", **notify_body(name)})]
 
+    def dtmf(self, digit: str) -> list[Frame]:
+        return [dumps({"event": "websocket:dtmf", "digit": digit, "duration": 100})]
+
     def clear_ack(self) -> list[Frame]:
         return [dumps({"event": "websocket:cleared"})]
 

@@ -6,10 +6,11 @@ every WebSocket transport uses:
 
 - `receive()` yields, as WebSocket messages: a native `start` (48 kHz PCM16, marks on) once the peer
   connection is up, the caller's audio (every received audio track is drained; the first one is the
-  caller, downmixed to mono), the marks the agent track echoes as it plays, a `stop` when the page hangs
-  up over the data channel (or `hang_up` is called: a SIP BYE), a `dtmf` for a key pressed outside the media
-  (`key_pressed`: SIP INFO), and a disconnect when the connection closes or fails, or when the caller's
-  audio stops arriving for `MEDIA_TIMEOUT_S` (the peer vanished).
+  caller, downmixed to mono), the caller's key presses as native `dtmf` messages (RFC 4733 telephone
+  events, `dtmf.py`; or `key_pressed`: SIP INFO), the marks the agent track echoes as it plays, a `stop`
+  when the page hangs up over the data channel (or `hang_up` is called: a SIP BYE), and a disconnect when
+  the connection closes or fails, or when the caller's audio stops arriving for `MEDIA_TIMEOUT_S` (the peer
+  vanished).
 - `send_bytes()` queues agent audio on the paced outbound track; `send_text()` applies the native
   `mark` and `clear` messages to that track and forwards everything else (transcripts, agent text, turn
   timings, errors) to the data channel, if the client opened one.
@@ -27,6 +28,7 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 
 from voicepipe.transports.serializers.native import dtmf_message, mark_message, start_message, stop_message
+from voicepipe.transports.webrtc import dtmf
 from voicepipe.transports.webrtc.media import RATE, PacedTrack, drain
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,12 @@ class PeerLink:
         elif state in ("failed", "closed"):
             self._end(f"connection {state}")
 
+    def listen_for_keys(self, payload_types: dict[int, int]) -> None:
+        """The answer accepted telephone events of `payload_types`: the caller's keys become `dtmf` messages."""
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio":
+                dtmf.tap(transceiver.receiver, payload_types, self.key_pressed)
+
     def _connect_timeout(self) -> None:
         if not self._started:
             log.warning("%s: no connection within %.0f s (ICE or DTLS failed)", self.label, CONNECT_TIMEOUT_S)
@@ -143,7 +151,7 @@ class PeerLink:
             self._end(reason)
 
     def key_pressed(self, digit: str) -> None:
-        """A keypad digit the caller sent outside the media (SIP INFO): the call gets it as a native `dtmf`."""
+        """A keypad digit the caller pressed (an RFC 4733 event, or SIP INFO): the call gets it as a native `dtmf`."""
         if self._started and not self._ended:
             self._inbox.put_nowait({"type": "websocket.receive", "text": dtmf_message(digit)})
 

@@ -30,19 +30,20 @@ from voicepipe.transports.connection import Connection
 from voicepipe.transports.events import ProtocolError
 from voicepipe.transports.limits import TooManyConnections, client_address
 from voicepipe.transports.serializers.native import NativeSerializer
+from voicepipe.transports.webrtc import dtmf
 from voicepipe.transports.webrtc.link import PeerLink
 
 log = logging.getLogger(__name__)
 
 MAX_OFFER_BYTES = 64 * 1024
-START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy")
+START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice")
 # The body, for the OpenAPI description (parse_offer reads it itself: its checks are the ones that count)
 OFFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["sdp", "type"], "properties": {
         "sdp": {"type": "string"}, "type": {"type": "string", "enum": ["offer"]},
         "call_id": {"type": "string", "maxLength": 128}, "system_prompt": {"type": "string"},
         "greeting": {"type": ["string", "null"]}, "metadata": {"type": "object"},
-        "turn_policy": {"type": "string"}}}}}}}
+        "turn_policy": {"type": "string"}, "tools": {"type": "array"}, "tool_choice": {"type": "string"}}}}}}}
 
 
 class BadOffer(ValueError):
@@ -160,6 +161,7 @@ def start_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def peer_connection(settings) -> RTCPeerConnection:
+    dtmf.negotiate()
     servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
                for s in ice_servers_json(settings)]
     return RTCPeerConnection(RTCConfiguration(iceServers=servers))
@@ -172,6 +174,7 @@ async def open_peer(settings, sdp: str, start: dict[str, Any], label: str) -> Pe
     try:
         await link.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         await link.pc.setLocalDescription(await link.pc.createAnswer())
+        link.listen_for_keys(dtmf.telephone_event_types(link.pc.localDescription.sdp))
     except Exception as exc:  # SDP aiortc cannot apply: no usable codec, missing ICE credentials, ...
         await link.close()
         raise BadOffer(f"cannot apply the SDP offer: {exc}"[:200]) from None

@@ -1,5 +1,6 @@
 // voicepipe softphone: calls the agent over WebRTC (POST /webrtc/offer) and shows the live transcript that
-// the server sends on the "events" data channel (voicepipe's native protocol events). No dependencies.
+// the server sends on the "events" data channel (voicepipe's native protocol events). The keypad sends DTMF as
+// RFC 4733 telephone events on the audio track (RTCDTMFSender), as a phone would. No dependencies.
 "use strict";
 
 (() => {
@@ -23,6 +24,17 @@
     $("status").textContent = detail ? `${state}: ${detail}` : state;
     $("call").disabled = !(state === "idle" || state === "ended" || state === "failed");
     $("hangup").disabled = !(state === "connecting" || state === "in call");
+    for (const key of document.querySelectorAll("#keypad button")) key.disabled = state !== "in call";
+  }
+
+  // A key press: the audio sender's DTMF sender plays it as telephone events (the server's answer accepted them).
+  function press(key) {
+    const sender = phone.pc && phone.pc.getSenders().find((s) => s.track && s.track.kind === "audio");
+    if (!sender || !sender.dtmf || !sender.dtmf.canInsertDTMF) {
+      console.warn("voicepipe: this call cannot send keys");
+      return;
+    }
+    sender.dtmf.insertDTMF(key, 100, 70);
   }
 
   // One transcript line per (role, turn); partials replace the line's text until the final arrives.
@@ -52,6 +64,11 @@
       const li = line("agent", event.turn);
       li.textContent = event.final ? event.text : li.textContent + event.text;
       li.classList.toggle("partial", !event.final);
+    } else if (event.type === "dtmf" || event.type === "transfer") {
+      const li = document.createElement("li");
+      li.className = "agent keys";
+      li.textContent = event.type === "dtmf" ? `agent pressed ${event.digits}` : `transferring to ${event.target}`;
+      $("transcript").appendChild(li);
     } else if (event.type === "error") {
       console.warn("voicepipe:", event.code, event.message);
     } else if (event.type === "closed") {
@@ -143,6 +160,12 @@
 
   $("call").addEventListener("click", call);
   $("hangup").addEventListener("click", () => hangUp("hung up"));
+  for (const key of document.querySelectorAll("#keypad button")) {
+    key.addEventListener("click", () => press(key.dataset.key));
+  }
+  window.addEventListener("keydown", (e) => {
+    if (phone.state === "in call" && /^[0-9*#]$/.test(e.key) && !e.target.closest("textarea, input")) press(e.key);
+  });
   window.addEventListener("pagehide", () => hangUp("page closed"));
   setState("idle");
 })();
