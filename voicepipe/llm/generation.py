@@ -115,7 +115,7 @@ class Generation:
                     if self._calls is not None and self._calls.decide(full):  # stop strings are for text
                         delta = self._calls.delta(full)
                         if delta is not None:
-                            yield Piece("", pending_ids, ev.time, delta)
+                            yield Piece("", pending_ids, ev.time, tool_call=delta)
                             pending_ids = []
                         continue
                     cut = self._find_stop(full, emitted)
@@ -142,7 +142,7 @@ class Generation:
                 if self._calls is not None and self._calls.decide(full):
                     delta = self._calls.delta(full, final=True)
                     if delta is not None or pending_ids:
-                        yield Piece("", pending_ids, time.monotonic(), delta)
+                        yield Piece("", pending_ids, time.monotonic(), tool_call=delta)
                     return
                 self.text = full
                 if len(full) > emitted or pending_ids:
