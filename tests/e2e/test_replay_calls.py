@@ -140,9 +140,14 @@ def test_a_recorded_call_becomes_a_case_that_replays_green(suite, server, record
 def test_a_too_short_end_of_turn_is_reopened_and_the_long_pause_stays_one_turn(suite, tmp_path: Path) -> None:
     """The old fixed rule cut at 100 ms ends the turn inside the case's half-second pause; the caller goes on
     before any of the reply was sent, so the turn is reopened: still one turn, with its words, and the report
-    shows the reopen."""
+    shows the reopen.
+
+    The reply starts at the decision, not during the pause (no preemptive generation), and a 32 ms speech start
+    holds the agent's audio: an early reply made during the pause was ready about when the default 96 ms speech
+    start held it, so on a quiet machine its first audio sometimes went out first and the turn was a barge-in."""
     case = copy_case(suite[[p.name for p in suite].index("long_pause")], tmp_path / "long_pause")
-    too_short = set_args("turn.policy=silence", "vad.end_of_turn_silence_ms=100")
+    too_short = set_args("turn.policy=silence", "vad.end_of_turn_silence_ms=100",
+                         "calls.preemptive_generation=false", "vad.min_speech_ms=32")
     proc = run_cli(*too_short, "replay", str(case), "--report-dir", str(tmp_path / "report"), timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (turn,) = json.loads((tmp_path / "report" / "report.json").read_text())["cases"][0]["turns"]
