@@ -3,7 +3,7 @@ test time, from espeak-ng and Piper speech (and sox noise), and cached under tes
 
 Build by hand with `python -m tests.calls.build`, then `voicepipe replay tests/calls`. Each script is the caller's
 channel from the start of the call: quiet line, speech, pauses sized for the agent's reply to play out (the
-suite's server keeps replies short: `calls.max_reply_tokens=12`), and in the barge-in case speech over the reply.
+suite's server keeps replies short: `calls.max_reply_tokens=24`), and in the barge-in case speech over the reply.
 The pauses and the latency budgets leave room for a slow, shared 2-core CPU (voice-to-voice up to ~15 s there);
 on real hardware, tighten the budgets.
 """
@@ -21,7 +21,7 @@ from tests.speech_corpus import GENERATED, RATE, espeak, pink_noise, piper_clip,
 from voicepipe.caller import write_wav
 
 SUITE = Path(__file__).parent
-SUITE_SETTINGS = {"calls": {"max_reply_tokens": 12}}  # what the suite's cases are timed for
+SUITE_SETTINGS = {"calls": {"max_reply_tokens": 24}}  # what the suite's cases are timed for: a reply plays ~5 s
 FLOOR_RMS = 0.003  # a quiet phone line, about -50 dBFS
 
 # A step: ("pause", seconds) | ("espeak", text) | ("piper", text); ("noise", rms) adds sox pink noise to it all.
