@@ -156,6 +156,13 @@ class LLMSettings(Section):
     # step and a decode's matrix-vector products use both cores (the packed copies cost those weights' memory once
     # more)
     prepack_linears: bool = True
+    # The linear layers' weight format (voicepipe/llm/weights.py): "auto" is the fastest format that passes the
+    # quality check at load (int8 on a CPU with fbgemm, else fp32; bf16 on CUDA); an unavailable format is logged and
+    # chosen as "auto" chooses
+    weights: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    # run Llama-family models through voicepipe's own forward (voicepipe/llm/decoder.py); off: transformers' modules,
+    # in the model's own dtype (the path before it, kept for comparison and for models it cannot run)
+    fast_decoder: bool = True
     # after a reply, prefill the chat template's opener of the next user turn while the session is idle
     warm_next_turn: bool = True
 

@@ -203,6 +203,28 @@ def _prefill(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, span: Pref
     return F.scaled_dot_product_attention(rows, k, v, attn_mask=span.mask, scale=scale).view(1, heads, n, dim)
 
 
+def attend(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, layout: StepLayout,
+           scale: float | None) -> torch.Tensor:
+    """The step's attention: ``q`` [T, heads, head_dim] (the packed batch's rows) -> [T, heads, head_dim], each row
+    attending to its own sequence's history in the pool ``kp``/``vp`` (its new K/V already written)."""
+    gqa = q.shape[1] != kp.shape[0]
+    if layout.decode_only:
+        return _decode(q, kp, vp, layout, scale, gqa)
+    if layout.single_prefill:
+        return _prefill(q.transpose(0, 1).unsqueeze(0), kp, vp, layout.prefills[0], scale, gqa)[0].transpose(0, 1)
+    out = torch.empty_like(q)
+    if layout.decode_rows is not None:
+        if layout.decode_rows_slice is not None:
+            out[layout.decode_rows_slice] = _decode(q[layout.decode_rows_slice], kp, vp, layout, scale, gqa)
+        else:
+            out.index_copy_(0, layout.decode_rows, _decode(q.index_select(0, layout.decode_rows), kp, vp, layout,
+                                                           scale, gqa))
+    for span in layout.prefills:
+        rows = q[span.t0:span.t0 + span.n].transpose(0, 1).unsqueeze(0)
+        out[span.t0:span.t0 + span.n] = _prefill(rows, kp, vp, span, scale, gqa)[0].transpose(0, 1)
+    return out
+
+
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """``query`` is [1, heads, T, head_dim] for the whole packed batch; returns ([1, T, heads, head_dim], None)."""
     layout: StepLayout | None = kwargs.get("vp_layout")
@@ -212,24 +234,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     kp, vp = kwargs["vp_pool"]
-    gqa = query.shape[1] != kp.shape[0]
-    if layout.decode_only:
-        return _decode(query[0].transpose(0, 1), kp, vp, layout, scaling, gqa).unsqueeze(0), None
-    if layout.single_prefill:
-        return _prefill(query, kp, vp, layout.prefills[0], scaling, gqa).transpose(1, 2), None
-    out = torch.empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype,
-                      device=query.device)
-    if layout.decode_rows is not None:
-        if layout.decode_rows_slice is not None:
-            o = _decode(query[0, :, layout.decode_rows_slice].transpose(0, 1), kp, vp, layout, scaling, gqa)
-            out[0, layout.decode_rows_slice] = o
-        else:
-            o = _decode(query[0].index_select(1, layout.decode_rows).transpose(0, 1), kp, vp, layout, scaling, gqa)
-            out[0].index_copy_(0, layout.decode_rows, o)
-    for span in layout.prefills:
-        o = _prefill(query[:, :, span.t0:span.t0 + span.n], kp, vp, span, scaling, gqa)
-        out[0, span.t0:span.t0 + span.n] = o[0].transpose(0, 1)
-    return out, None
+    return attend(query[0].transpose(0, 1), kp, vp, layout, scaling).unsqueeze(0), None
 
 
 def register() -> str:

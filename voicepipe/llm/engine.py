@@ -35,6 +35,7 @@ from voicepipe.llm.chat import ChatRenderer
 from voicepipe.llm.errors import EngineStoppedError
 from voicepipe.llm.intake import RequestIntake
 from voicepipe.llm.prepack import prepack_linears
+from voicepipe.llm.quality import choose_weights
 from voicepipe.llm.request import Request
 from voicepipe.llm.runner import ModelRunner, ModelShape
 from voicepipe.llm.scheduler import Scheduler
@@ -68,17 +69,20 @@ class LLMEngine(RequestIntake, StepLoop):
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
         s = self.settings
-        if s.prepack_linears:
+        self.weights, decoder = choose_weights(model, tokenizer, s.weights, pack=s.prepack_linears,
+                                                     fast_decoder=s.fast_decoder)
+        log.info("LLM weights: %s (%s)", self.weights.format, self.weights.reason)
+        if decoder is None and s.prepack_linears:
             prepack_linears(model)
         device = str(next(model.parameters()).device)
         shape = ModelShape.of(model)
-        dtype = next(model.parameters()).dtype
+        dtype = self.weights.dtype
         per_token = PagedKVCache.bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
         pool_bytes = (s.kv_cache_mib * 2**20 if s.kv_cache_mib is not None
                       else int(_free_memory_bytes(device) * s.kv_cache_memory_fraction))
         num_blocks = max(2, pool_bytes // (per_token * s.block_size))
         self.blocks = BlockManager(num_blocks, s.block_size)
-        self.runner = ModelRunner(model, num_blocks, s.block_size)
+        self.runner = ModelRunner(model, num_blocks, s.block_size, decoder)
         self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps,
                                    warm_idle=s.warm_next_turn)
         self.capacity_tokens = num_blocks * s.block_size

@@ -1,4 +1,7 @@
-"""Model runner: one forward pass over a packed batch (every scheduled sequence's new tokens, batch dim 1)."""
+"""Model runner: one forward pass over a packed batch (every scheduled sequence's new tokens, batch dim 1).
+
+The forward is voicepipe's ``Decoder`` (``decoder.py``) when it can run the model, else transformers' own modules
+with our attention function and cache object."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from voicepipe.llm.attention import (
     additive_mask,
     register,
 )
+from voicepipe.llm.decoder import Decoder
 from voicepipe.llm.scheduler import ScheduledItem
 
 log = logging.getLogger(__name__)
@@ -45,14 +49,19 @@ class ModelShape:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int) -> None:
+    """``decoder``: the model's weights in the chosen format (``quality.choose_weights``); None runs the model's
+    own modules."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, decoder: Decoder | None = None) -> None:
         self.model = model
+        self.decoder = decoder
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = decoder.dtype if decoder is not None else next(model.parameters()).dtype
         self.shape = ModelShape.of(model)
-        model.config._attn_implementation = register()
-        text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        text_cfg._attn_implementation = model.config._attn_implementation
+        if decoder is None:
+            model.config._attn_implementation = register()
+            text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+            text_cfg._attn_implementation = model.config._attn_implementation
         self.block_size = block_size
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache = PagedKVCache(self.shape.num_layers, num_blocks, block_size, self.shape.num_kv_heads,
@@ -95,8 +104,8 @@ class ModelRunner:
                                  self.cache.num_blocks * bs, self.dtype)
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
-        """Packed input ids, position ids, the step layout and the packed rows whose logits the step keeps: each
-        sampled token's, then each probe's (in item order)."""
+        """Packed input ids and position ids ([T]), the step layout and the packed rows whose logits the step keeps:
+        each sampled token's, then each probe's (in item order)."""
         dev = self.device
         ids: list[int] = []
         pos: list[int] = []
@@ -133,8 +142,8 @@ class ModelRunner:
             layout.decode = self._decode_ref([it for _, it in decodes])
         layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
         layout.single_prefill = not decodes and len(prefills) == 1
-        input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
-        position_ids = torch.tensor([pos], dtype=torch.long, device=dev)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        position_ids = torch.tensor(pos, dtype=torch.long, device=dev)
         return input_ids, position_ids, layout, logit_rows + probe_rows
 
     # -- forward ----------------------------------------------------------------------------------------------------
@@ -143,13 +152,15 @@ class ModelRunner:
         """Run one step; returns float32 logits [n_sampled + n_probes, vocab]: the sampling items' rows, then the
         probing items' rows (or None when no item needs any)."""
         input_ids, position_ids, layout, logit_rows = self.build(items)
+        keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows else None
+        if self.decoder is not None:
+            return self.decoder.forward(input_ids, position_ids, layout, keep, self.cache)
         self.cache.layout = layout
-        keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows else 1
         try:
-            out = self.model(input_ids=input_ids, position_ids=position_ids, cache=self.cache, use_cache=False,
-                             logits_to_keep=keep)
+            out = self.model(input_ids=input_ids[None], position_ids=position_ids[None], cache=self.cache,
+                             use_cache=False, logits_to_keep=1 if keep is None else keep)
         finally:
             self.cache.layout = None
-        if not logit_rows:
+        if keep is None:
             return None
         return out.logits[0].float()
