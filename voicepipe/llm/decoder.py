@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from voicepipe.llm.attention import PagedKVCache, StepAborted, StepLayout, attend
-from voicepipe.llm.weights import activation_dtype, make_linear
+from voicepipe.llm.weights import activation_dtype, make_linear, smoothing, smoothing_from
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -76,8 +76,9 @@ def _cat_bias(*linears) -> torch.Tensor | None:
 class Decoder:
     """A Llama-family decoder's weights in one format and the forward over the paged pool.
 
-    ``act_max`` maps an ``nn.Linear`` of the model to its input channels' maxima (from ``quality.calibrate``), which
-    int8 on the CPU smooths with; ``pack``: float weights on the CPU are packed for oneDNN."""
+    ``act_max`` maps each ``nn.Linear`` of the model to its input channels' maxima (``quality.calibrate``): given,
+    the weights are smoothed for int8 activations (``_smooth_layer``); ``pack``: float weights on the CPU are packed
+    for oneDNN."""
 
     def __init__(self, model, fmt: str, act_max: dict | None = None, pack: bool = True) -> None:
         cfg = _text_config(model)
@@ -99,38 +100,74 @@ class Decoder:
         self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         perm = rotary_permutation(self.head_dim).to(self.embed.device)
 
-        def permuted(w: torch.Tensor, heads: int) -> torch.Tensor:
-            w = w.detach()
-            return w.view(heads, self.head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
-
-        def kernel(weight, bias, first):
-            return make_linear(fmt, weight, bias, act_max.get(first), pack=pack)
+        def permuted(w: torch.Tensor | None, heads: int) -> torch.Tensor | None:
+            if w is None:
+                return None
+            return w.detach().view(heads, self.head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
 
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
-            qkv_w = torch.cat([permuted(a.q_proj.weight, self.num_heads), permuted(a.k_proj.weight, self.num_kv_heads),
-                               a.v_proj.weight.detach()])
-            qkv_b = _cat_bias(a.q_proj, a.k_proj, a.v_proj)
-            if qkv_b is not None:
+            w = {"qkv": torch.cat([permuted(a.q_proj.weight, self.num_heads),
+                                   permuted(a.k_proj.weight, self.num_kv_heads), a.v_proj.weight.detach()]),
+                 "qkv_b": _cat_bias(a.q_proj, a.k_proj, a.v_proj), "o": a.o_proj.weight.detach(),
+                 "o_b": a.o_proj.bias, "gate_up": torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
+                 "gate_up_b": _cat_bias(m.gate_proj, m.up_proj), "down": m.down_proj.weight.detach(),
+                 "down_b": m.down_proj.bias, "norm_in": layer.input_layernorm.weight.detach(),
+                 "norm_post": layer.post_attention_layernorm.weight.detach()}
+            if w["qkv_b"] is not None:
                 nq, nk = a.q_proj.out_features, a.k_proj.out_features
-                qkv_b = torch.cat([permuted(qkv_b[:nq], self.num_heads), permuted(qkv_b[nq:nq + nk], self.num_kv_heads),
-                                   qkv_b[nq + nk:]])
+                b = w["qkv_b"]
+                w["qkv_b"] = torch.cat([permuted(b[:nq], self.num_heads), permuted(b[nq:nq + nk], self.num_kv_heads),
+                                        b[nq + nk:]])
+            if act_max:
+                self._smooth_layer(w, act_max[a.q_proj], act_max[a.o_proj], act_max[m.gate_proj],
+                                   act_max[m.down_proj])
             q_norm = getattr(a, "q_norm", None)
             k_norm = getattr(a, "k_norm", None)
             self.layers.append(_Layer(
-                norm_in=layer.input_layernorm.weight.detach().to(dtype),
-                norm_post=layer.post_attention_layernorm.weight.detach().to(dtype),
-                qkv=kernel(qkv_w, qkv_b, a.q_proj),
-                o=kernel(a.o_proj.weight, a.o_proj.bias, a.o_proj),
-                gate_up=kernel(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
-                               _cat_bias(m.gate_proj, m.up_proj), m.gate_proj),
-                down=kernel(m.down_proj.weight, m.down_proj.bias, m.down_proj),
+                norm_in=w["norm_in"].to(dtype), norm_post=w["norm_post"].to(dtype),
+                qkv=make_linear(fmt, w["qkv"], w["qkv_b"], pack),
+                o=make_linear(fmt, w["o"], w["o_b"], pack),
+                gate_up=make_linear(fmt, w["gate_up"], w["gate_up_b"], pack),
+                down=make_linear(fmt, w["down"], w["down_b"], pack),
                 q_norm=None if q_norm is None else q_norm.weight.detach()[perm].to(dtype),
                 k_norm=None if k_norm is None else k_norm.weight.detach()[perm].to(dtype)))
-        self.norm = inner.norm.weight.detach().to(dtype)
         head = model.get_output_embeddings()
-        self.lm_head = kernel(head.weight, head.bias, head)
+        norm, head_w = inner.norm.weight.detach(), head.weight.detach()
+        if act_max:
+            s = smoothing(head_w, act_max[head])
+            norm, head_w = norm / s, head_w * s
+        self.norm = norm.to(dtype)
+        self.lm_head = make_linear(fmt, head_w, head.bias, pack)
+
+    def _smooth_layer(self, w: dict, qkv_in: torch.Tensor, o_in: torch.Tensor, gate_up_in: torch.Tensor,
+                      down_in: torch.Tensor) -> None:
+        """SmoothQuant, folded into the layer: each linear's input channel ``j`` is divided by ``s_j`` where it is
+        made (the RMSNorm weight before qkv and gate-up; the v rows before o, as attention only mixes positions;
+        the up rows before down, as ``silu(gate) * up`` is linear in up) and its weight column multiplied by it.
+        o's channels come from the kv head their query head reads, so its ``s`` is taken per kv head (the largest
+        input of the group)."""
+        s = smoothing(w["qkv"], qkv_in)
+        w["qkv"], w["norm_in"] = w["qkv"] * s, w["norm_in"] / s
+        s = smoothing(w["gate_up"], gate_up_in)
+        w["gate_up"], w["norm_post"] = w["gate_up"] * s, w["norm_post"] / s
+        kvh, group, hd = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        o_cols = w["o"].abs().amax(dim=0).view(kvh, group, hd).amax(dim=1)
+        s_kv = smoothing_from(o_cols, o_in.view(kvh, group, hd).amax(dim=1)).reshape(-1)
+        w["o"] = w["o"] * s_kv.view(kvh, 1, hd).expand(kvh, group, hd).reshape(-1)
+        v_rows = slice(w["qkv"].shape[0] - kvh * hd, None)
+        w["qkv"][v_rows] /= s_kv[:, None]
+        if w["qkv_b"] is not None:
+            w["qkv_b"] = w["qkv_b"].clone()
+            w["qkv_b"][v_rows] /= s_kv
+        s = smoothing(w["down"], down_in)
+        w["down"] = w["down"] * s
+        up_rows = slice(self.intermediate, None)
+        w["gate_up"][up_rows] /= s[:, None]
+        if w["gate_up_b"] is not None:
+            w["gate_up_b"] = w["gate_up_b"].clone()
+            w["gate_up_b"][up_rows] /= s
 
     def rotation(self, positions: torch.Tensor) -> torch.Tensor:
         """[T, 1, head_dim / 2] complex: each position's rotation of each dimension pair."""

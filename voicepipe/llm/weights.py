@@ -103,28 +103,29 @@ def _channel_scales(weight: torch.Tensor) -> torch.Tensor:
     return (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
 
 
-def smoothing(weight: torch.Tensor, act_max: torch.Tensor | None) -> torch.Tensor | None:
-    """SmoothQuant's per-input-channel ``s`` (activations divided by it, weight columns multiplied by it)."""
-    if act_max is None:
-        return None
-    w_max = weight.abs().amax(dim=0).float().clamp(min=1e-5)
-    return (act_max.float().clamp(min=1e-5) ** SMOOTH_ALPHA / w_max ** (1 - SMOOTH_ALPHA)).clamp(min=1e-5)
+def smoothing_from(weight_max: torch.Tensor, act_max: torch.Tensor) -> torch.Tensor:
+    """SmoothQuant's ``s`` per input channel from the channels' largest weight and activation magnitudes: the
+    activation channel is divided by ``s`` and the weight column multiplied by it, which moves half (alpha) of an
+    outlier channel's range from the activations, quantized per row, into the weights, quantized per column."""
+    return (act_max.float().clamp(min=1e-5) ** SMOOTH_ALPHA
+            / weight_max.float().clamp(min=1e-5) ** (1 - SMOOTH_ALPHA)).clamp(min=1e-5)
+
+
+def smoothing(weight: torch.Tensor, act_max: torch.Tensor) -> torch.Tensor:
+    """``smoothing_from`` for the input channels (columns) of ``weight`` [out, in]."""
+    return smoothing_from(weight.abs().amax(dim=0), act_max)
 
 
 class Int8Linear:
     """int8 weights (per output channel) times int8 activations (per row), int32 sums, on fbgemm (CPU).
 
-    Each row is divided by its own scale so that its values span [-127, 127]; fbgemm's linear with a fixed input
-    scale of 1 (zero point 128) then rounds them to integers, multiplies in int32 and dequantizes the weights'
-    scales; the row's scale multiplies the result back. The integer sums are exact, so a row's result does not
-    depend on the other rows."""
+    Each row is divided by its largest magnitude; fbgemm's linear with a fixed input scale of 1/127 (zero point
+    128) rounds it to integers in [-127, 127], multiplies in int32 and dequantizes; the row's magnitude multiplies
+    the result back. The integer sums are exact, so a row's result does not depend on the other rows. The weights
+    come smoothed (``smoothing``) by the decoder."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         weight = weight.detach().float()
-        s = smoothing(weight, act_max)
-        self.inv_smooth = None if s is None else (1.0 / s).contiguous()
-        if s is not None:
-            weight = weight * s
         scales = _channel_scales(weight).double()
         with warnings.catch_warnings():  # quantized tensors are deprecated in torch; fbgemm's kernels take no other
             warnings.simplefilter("ignore", UserWarning)
@@ -134,11 +135,10 @@ class Int8Linear:
         self.bias = None if bias is None else bias.detach().float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.inv_smooth is not None:
-            x = x * self.inv_smooth
-        row_scale = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(127)
-        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x / row_scale, 1.0, 128, self.packed)
-        y.mul_(row_scale)
+        magnitude = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_(min=1e-12)
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x / magnitude, 1 / 127, 128,
+                                                                                self.packed)
+        y.mul_(magnitude)
         return y if self.bias is None else y.add_(self.bias)
 
 
@@ -158,16 +158,14 @@ class WeightOnlyInt8Linear:
         return y if self.bias is None else y + self.bias
 
 
-def make_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                act_max: torch.Tensor | None = None, pack: bool = True):
-    """The kernel of one weight matrix ``[out, in]`` in format ``fmt`` on the weight's device. ``act_max``: the
-    largest magnitude seen in each input channel (int8 on the CPU smooths with it); ``pack``: float weights on the
-    CPU are packed for oneDNN."""
+def make_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True):
+    """The kernel of one weight matrix ``[out, in]`` in format ``fmt`` on the weight's device; ``pack``: float
+    weights on the CPU are packed for oneDNN."""
     device = weight.device
     weight = weight.detach()
     if fmt == "int8":
         if device.type == "cpu":
-            return Int8Linear(weight, bias, act_max)
+            return Int8Linear(weight, bias)
         return WeightOnlyInt8Linear(weight, None if bias is None else bias.detach().to(torch.bfloat16))
     dtype = activation_dtype(fmt)
     weight = weight.to(dtype).contiguous()
