@@ -163,8 +163,8 @@ def _decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch
     group = heads // kv_heads
     scale = dim ** -0.5 if scale is None else scale
     qk = q.reshape(b, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, b * group, dim)
-    if sparse is None:
-        sparse = kp.device.type == "cpu"
+    if sparse is None:  # torch's sparse CPU kernels take float32 and float64 only
+        sparse = kp.device.type == "cpu" and kp.dtype in (torch.float32, torch.float64)
     if sparse:
         scores = torch.sparse.sampled_addmm(batch.pattern, qk, kp.transpose(1, 2), beta=0.0, alpha=scale).values()
     else:

@@ -85,7 +85,7 @@ class Decoder:
         act_max = act_max or {}
         inner = model.model
         self.format = fmt
-        self.dtype = dtype = activation_dtype(fmt)
+        self.dtype = dtype = activation_dtype(fmt, inner.embed_tokens.weight.device)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         attn0 = inner.layers[0].self_attn

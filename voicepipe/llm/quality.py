@@ -4,8 +4,12 @@ The check runs a held-out conversation through the model's own weights (transfor
 through the candidate decoder, teacher-forced, and compares the two: the candidate's next-token argmax must agree
 with the reference's on at least ``MIN_AGREEMENT`` of the positions and its perplexity of the text must rise by at
 most ``MAX_PPL_RISE``. It costs two forwards of ~300 tokens, once per loaded model (the result is remembered).
-The tests hold the formats to the issue's generation bound as well (greedy agreement over 32 tokens on a prompt
-set), which is slower.
+
+The bar is high because greedy decoding compounds: a reply follows the candidate's own tokens, so one flipped
+argmax changes the rest of it. The issue's bound (greedy replies agreeing with fp32 on >= 90 % of their first 32
+tokens, tests/e2e/test_llm_weights.py) needs flips below ~0.5 % a token. Measured on SmolLM2 (teacher-forced
+agreement here -> greedy agreement over 32 tokens): fp16 weights 100 % -> 100 %; int8 with per-row activations
+94.3 % -> 29 %; bf16 97.7 %; weight-only int8 per channel (simulated) 95 % -> 72 %, per group of 32 -> 88 %.
 
 int8 on the CPU is calibrated first: the largest magnitude of each linear layer's input channels over a
 calibration conversation (not the held-out one) sets its smoothing (``weights.smoothing``).
@@ -29,7 +33,7 @@ from voicepipe.llm.weights import unsupported_reason as format_unsupported
 
 log = logging.getLogger(__name__)
 
-MIN_AGREEMENT = 0.9
+MIN_AGREEMENT = 0.99
 MAX_PPL_RISE = 0.03
 
 CALIBRATION = [
@@ -145,9 +149,15 @@ def _activation_maxima(model, tokenizer) -> dict:
 
 
 def build_decoder(model, tokenizer, fmt: str, pack: bool = True) -> Decoder:
-    device = next(model.parameters()).device
-    act_max = _activation_maxima(model, tokenizer) if fmt == "int8" and device.type == "cpu" else None
-    return Decoder(model, fmt, act_max, pack=pack)
+    """The model's decoder in ``fmt`` (built once per model and format: a decoder holds no per-engine state, so
+    engines on one model, and a model drafting for itself, share its weights)."""
+    memo = _memo_of(model)
+    key = ("decoder", fmt, pack)
+    if key not in memo:
+        device = next(model.parameters()).device
+        act_max = _activation_maxima(model, tokenizer) if fmt == "int8" and device.type == "cpu" else None
+        memo[key] = Decoder(model, fmt, act_max, pack=pack)
+    return memo[key]
 
 
 def choose_weights(model, tokenizer, requested: str, pack: bool = True,
@@ -170,19 +180,23 @@ def choose_weights(model, tokenizer, requested: str, pack: bool = True,
     if requested != "auto":
         why = format_unsupported(requested, device)
         if why is None:
-            return WeightChoice(requested, activation_dtype(requested), "set by llm.weights"), \
+            return WeightChoice(requested, activation_dtype(requested, device), "set by llm.weights"), \
                 build_decoder(model, tokenizer, requested, pack)
         log.warning("llm.weights = %s is not available: %s; choosing as 'auto' does", requested, why)
+    passed_over = []
     for i, fmt in enumerate(candidates):
         why = format_unsupported(fmt, device)
         if why is not None:
-            log.info("LLM weights: %s skipped: %s", fmt, why)
+            passed_over.append(f"{fmt}: {why}")
             continue
         decoder = build_decoder(model, tokenizer, fmt, pack)
         if i == len(candidates) - 1:
-            return WeightChoice(fmt, activation_dtype(fmt), f"auto on {device.type}: the last resort"), decoder
+            reason = "; ".join(passed_over) or "the only candidate"
+            return WeightChoice(fmt, activation_dtype(fmt, device), f"auto on {device.type} ({reason})"), decoder
         report = check(model, tokenizer, decoder)
         if report.passed:
-            return WeightChoice(fmt, activation_dtype(fmt), f"auto on {device.type}: {report}"), decoder
-        log.warning("LLM weights: %s fails the quality check (%s)", fmt, report)
+            passed_over.append(f"{fmt}: {report}")
+            return WeightChoice(fmt, activation_dtype(fmt, device),
+                                f"auto on {device.type}: " + "; ".join(passed_over)), decoder
+        passed_over.append(f"{fmt} fails the quality check: {report}")
     raise AssertionError("the last auto candidate is always taken")  # pragma: no cover

@@ -6,6 +6,7 @@ with our attention function and cache object."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,7 @@ class ModelRunner:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache = PagedKVCache(self.shape.num_layers, num_blocks, block_size, self.shape.num_kv_heads,
                                   self.shape.head_dim, self.dtype, self.device)
+        self.last_inputs_s = 0.0  # building the last step's inputs (the engine's step profile)
         self.bytes_per_token = PagedKVCache.bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads,
                                                             self.shape.head_dim, self.dtype)
 
@@ -105,7 +107,7 @@ class ModelRunner:
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids and position ids ([T]), the step layout and the packed rows whose logits the step keeps:
-        each sampled token's, then each probe's (in item order)."""
+        each sampling item's (its last token's, then each drafted token's), then each probe's (in item order)."""
         dev = self.device
         ids: list[int] = []
         pos: list[int] = []
@@ -120,8 +122,8 @@ class ModelRunner:
             ids.extend(item.token_ids)
             pos.extend(range(item.start, end))
             slots.extend(self._slot_ids(item.block_table, item.start, end))
-            if item.samples:
-                logit_rows.append(t0 + item.n_tokens - 1)
+            if item.samples:  # the row after the sequence's last token, then after each drafted token
+                logit_rows.extend(range(t0 + item.n_tokens - 1 - len(item.draft), t0 + item.n_tokens))
             if item.probe is not None:
                 probe_rows.append(t0 + item.probe)
             if item.n_tokens == 1 and item.start > 0:
@@ -148,11 +150,13 @@ class ModelRunner:
 
     # -- forward ----------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, items: list[ScheduledItem]) -> torch.Tensor | None:
-        """Run one step; returns float32 logits [n_sampled + n_probes, vocab]: the sampling items' rows, then the
-        probing items' rows (or None when no item needs any)."""
+    def forward(self, items: list[ScheduledItem], logits: bool = True) -> torch.Tensor | None:
+        """Run one step; returns float32 logits [sampled rows + n_probes, vocab]: the sampling items' rows, then the
+        probing items' rows (None when no item needs any, or ``logits`` is off: the step only fills the cache)."""
+        started = time.perf_counter()
         input_ids, position_ids, layout, logit_rows = self.build(items)
-        keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows else None
+        keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows and logits else None
+        self.last_inputs_s = time.perf_counter() - started
         if self.decoder is not None:
             return self.decoder.forward(input_ids, position_ids, layout, keep, self.cache)
         self.cache.layout = layout

@@ -13,6 +13,7 @@ from voicepipe.llm.errors import EngineStoppedError, LLMError, OverloadedError
 from voicepipe.llm.generation import _Event
 from voicepipe.llm.request import Request, State
 from voicepipe.llm.sampling import sample
+from voicepipe.llm.speculative import accept
 
 log = logging.getLogger("voicepipe.llm.engine")  # the engine's log lines keep its logger name
 
@@ -20,10 +21,10 @@ log = logging.getLogger("voicepipe.llm.engine")  # the engine's log lines keep i
 class StepLoop:
     """LLMEngine's step loop (a mixin).
 
-    Runs on the engine thread, under `_lock` except for the model forward: reads `_running`, `settings`,
-    `end_ids`, `max_context` and `_request_listeners`; reads and writes `scheduler`, `runner`, `blocks`, the
-    sessions of the requests it steps, `_step_abortable`, `counters` and `crashed`. Uses `_warm_next_turn` and
-    `_restore_mark` (`intake.py`)."""
+    Runs on the engine thread, under `_lock` except for the proposals and the model forward: reads `_running`,
+    `settings`, `end_ids`, `max_context`, `proposer` and `_request_listeners`; reads and writes `scheduler`,
+    `runner`, `blocks`, the sessions of the requests it steps, `_step_abortable`, `counters` and `crashed`. Uses
+    `_warm_next_turn` and `_restore_mark` (`intake.py`)."""
 
     def _cancel(self, req: Request) -> None:
         with self._lock:
@@ -57,6 +58,7 @@ class StepLoop:
         torch.set_grad_enabled(False)
         try:
             while True:
+                t_start = time.perf_counter()
                 with self._lock:
                     if not self._running:
                         return
@@ -81,11 +83,18 @@ class StepLoop:
                             self.counters["prompt_tokens"] += st.prompt_tokens
                             self.counters["cached_prompt_tokens"] += item.start
                 try:
+                    t_planned = time.perf_counter()
+                    if self.proposer is not None:
+                        self.proposer.propose(plan.items)
+                    t_proposed = time.perf_counter()
                     logits = self.runner.forward(plan.items)
-                    sampled = [it for it in plan.items if it.samples]
-                    tokens = sample(logits[:len(sampled)], [it.request.params for it in sampled],
-                                    [it.request.generator for it in sampled]) if sampled else []
-                    end_probs = self._end_probs(logits[len(sampled):]) if logits is not None else []
+                    t_forward = time.perf_counter()
+                    if self.proposer is not None:
+                        self.proposer.mirror(plan.items)
+                    t_mirrored = time.perf_counter()
+                    picks, n_rows = self._pick(logits, [it for it in plan.items if it.samples])
+                    end_probs = self._end_probs(logits[n_rows:]) if logits is not None else []
+                    t_sampled = time.perf_counter()
                 except StepAborted:  # a voice request arrived during a flex-only step: plan again, it goes first
                     with self._lock:
                         self._step_abortable = False
@@ -101,7 +110,8 @@ class StepLoop:
                     continue
                 with self._lock:
                     self._step_abortable = False
-                    self._after_step(plan.items, tokens, end_probs)
+                    self._after_step(plan.items, picks, end_probs)
+                    self._time_step(plan, (t_start, t_planned, t_proposed, t_forward, t_mirrored, t_sampled))
         except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
             log.exception("LLM engine thread crashed")
             self.crashed = exc
@@ -109,6 +119,29 @@ class StepLoop:
                 self._running = False
                 for req in list(self.scheduler.waiting) + list(self.scheduler.running):
                     self._finish(req, "error", EngineStoppedError(f"the LLM engine crashed: {exc}"))
+
+    def _time_step(self, plan, marks: tuple[float, ...]) -> None:
+        """Add the step's phases to ``step_times`` (seconds; see ``step_profile``)."""
+        start, planned, proposed, forwarded, mirrored, sampled = marks
+        times = self.step_times
+        inputs = self.runner.last_inputs_s
+        times["steps"] += 1
+        times["decode_rows"] += sum(1 for item in plan.items if item.samples)
+        times["schedule"] += planned - start
+        times["propose"] += (proposed - planned) + (mirrored - forwarded)
+        times["inputs"] += inputs
+        times["forward"] += forwarded - proposed - inputs
+        times["sample"] += sampled - mirrored
+        times["bookkeeping"] += time.perf_counter() - sampled
+
+    def step_profile(self) -> dict[str, float]:
+        """Where the engine's steps spent their time so far: seconds per phase, summed over ``steps`` steps.
+        ``schedule``: reaping and planning under the lock; ``propose``: drafting (and a draft model's mirror
+        forward); ``inputs``: building the step's input tensors and layout (the host-to-device copies off the CPU);
+        ``forward``: the model; ``sample``: picking tokens (the device-to-host copy of the picks off the CPU: on a
+        GPU the forward's kernels finish there); ``bookkeeping``: committing K/V, appending tokens, events."""
+        with self._lock:
+            return dict(self.step_times)
 
     def _reap(self) -> None:
         """Cancelled and expired requests leave before the next step is planned."""
@@ -129,10 +162,34 @@ class StepLoop:
 
         return torch.softmax(probe_logits, dim=-1)[:, self.end_ids].sum(dim=-1).tolist()
 
-    def _after_step(self, items, tokens: list[int], end_probs: list[float]) -> None:
+    @staticmethod
+    def _pick(logits, sampled) -> tuple[list[tuple[list[int], int]], int]:
+        """Each sampling item's tokens to emit and how many of its drafted tokens were accepted (speculative.py),
+        and the logit rows they used. Items without a draft sample their one row (greedy or not)."""
+        picks: list = []
+        plain: list[tuple[int, int]] = []  # (index in picks, logit row)
+        row = 0
+        for item in sampled:
+            n_rows = 1 + len(item.draft)
+            if item.draft:
+                picks.append(accept(item.draft, logits[row:row + n_rows].argmax(dim=-1).tolist()))
+            else:
+                plain.append((len(picks), row))
+                picks.append(None)
+            row += n_rows
+        if plain:
+            rows = [r for _, r in plain]
+            items = [sampled[i] for i, _ in plain]
+            chosen = sample(logits[rows[0]:rows[-1] + 1] if rows == list(range(rows[0], rows[-1] + 1)) else
+                            logits[rows], [it.request.params for it in items], [it.request.generator for it in items])
+            for (i, _), token in zip(plain, chosen, strict=True):
+                picks[i] = ([token], 0)
+        return picks, row
+
+    def _after_step(self, items, picks: list[tuple[list[int], int]], end_probs: list[float]) -> None:
         self.counters["steps"] += 1
         now = time.monotonic()
-        k = 0
+        picked = iter(picks)
         probes = iter(end_probs)
         for item in items:
             req, s = item.request, item.session
@@ -147,25 +204,42 @@ class StepLoop:
                     s.commit(self.blocks, item.n_tokens)
                     self.counters["warmed_tokens"] += item.n_tokens
                 continue
+            pick = next(picked) if item.samples else None
             if req.state is State.FINISHED:  # cancelled while the step ran (close_session): already settled
                 continue
-            s.commit(self.blocks, item.n_tokens)
-            if not item.samples:
+            own = item.n_tokens - len(item.draft)
+            if pick is None:
+                s.commit(self.blocks, own)
                 continue
-            token = tokens[k]
-            k += 1
-            s.ids.append(token)
-            req.output_ids.append(token)
+            tokens, accepted = pick
+            kept = self._kept(req, s, tokens)
+            s.ids.extend(kept)
+            s.commit(self.blocks, own + len(kept) - 1)  # with the accepted drafts kept; the last token is pending
+            req.output_ids.extend(kept)
             st = req.stats
-            st.output_tokens += 1
-            st.token_times.append(now)
+            st.output_tokens += len(kept)
+            st.token_times.extend([now] * len(kept))
             if st.first_token is None:
                 st.first_token = now
-            self._emit(req, _Event("tokens", [token], now))
+            if item.draft:
+                st.draft_tokens += len(item.draft)
+                st.accepted_tokens += accepted
+                self.counters["draft_tokens"] += len(item.draft)
+                self.counters["accepted_tokens"] += accepted
+            self._emit(req, _Event("tokens", kept, now))
+            token = kept[-1]
             if token in req.stop_ids:
                 self._finish(req, "stop")
             elif len(req.output_ids) >= req.params.max_tokens or len(s.ids) >= self.max_context:
                 self._finish(req, "length")
+
+    def _kept(self, req: Request, s, tokens: list[int]) -> list[int]:
+        """``tokens`` up to the first that ends the request (a stop token, max_tokens, the context)."""
+        tokens = tokens[:min(req.params.max_tokens - len(req.output_ids), self.max_context - len(s.ids))]
+        for i, token in enumerate(tokens):
+            if token in req.stop_ids:
+                return tokens[:i + 1]
+        return tokens
 
     def _finish(self, req: Request, reason: str, error: BaseException | None = None) -> None:
         self.scheduler.remove(req)
@@ -227,6 +301,9 @@ class StepLoop:
                 "capacity_tokens": self.capacity_tokens,
                 "kv_bytes_per_token": self.runner.bytes_per_token,
                 "prefix_hit_rate": (self.counters["cached_prompt_tokens"] / prompt) if prompt else 0.0,
+                "spec_acceptance_rate": (self.counters["accepted_tokens"] / self.counters["draft_tokens"]
+                                         if self.counters["draft_tokens"] else 0.0),
+                "weights": self.weights.format,
                 "block_hit_rate": (bm.hit_blocks / bm.lookup_blocks) if bm.lookup_blocks else 0.0,
                 "preemptions": self.scheduler.preemptions,
                 "aborted_steps": self.scheduler.aborted_steps,

@@ -31,7 +31,7 @@ from voicepipe.llm import prepack
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "fp32", "bf16", "int8")
+FORMATS = ("auto", "fp32", "fp16", "bf16", "int8")
 SMOOTH_ALPHA = 0.5
 
 
@@ -44,8 +44,12 @@ class WeightChoice:
     reason: str
 
 
-def activation_dtype(fmt: str) -> torch.dtype:
-    return torch.bfloat16 if fmt == "bf16" else torch.float32
+def activation_dtype(fmt: str, device: torch.device | None = None) -> torch.dtype:
+    if fmt == "bf16":
+        return torch.bfloat16
+    if fmt == "fp16" and device is not None and device.type == "cuda":
+        return torch.float16
+    return torch.float32
 
 
 def unsupported_reason(fmt: str, device: torch.device) -> str | None:
@@ -58,6 +62,11 @@ def unsupported_reason(fmt: str, device: torch.device) -> str | None:
         if device.type == "cpu" and not (prepack.available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
             return "this CPU has no oneDNN bfloat16 kernels (they need AVX512-BF16 or AMX)"
         return None
+    if fmt == "fp16":
+        if device.type == "cpu":
+            engines = torch.backends.quantized.supported_engines
+            return None if "fbgemm" in engines or "x86" in engines else "this torch build has no fbgemm kernels"
+        return None if device.type == "cuda" else f"fp16 is not available on {device.type}"
     if fmt == "int8":
         if device.type == "cpu":
             engines = torch.backends.quantized.supported_engines
@@ -75,8 +84,8 @@ def unsupported_reason(fmt: str, device: torch.device) -> str | None:
 def auto_candidates(device: torch.device) -> list[str]:
     """The formats ``auto`` tries, fastest first (the last one needs no quality check)."""
     if device.type == "cuda":
-        return ["bf16", "fp32"]
-    return ["int8", "fp32"]
+        return ["bf16", "fp16", "fp32"]
+    return ["int8", "fp16", "fp32"]
 
 
 # -- kernels --------------------------------------------------------------------------------------------------------
@@ -142,6 +151,17 @@ class Int8Linear:
         return y if self.bias is None else y.add_(self.bias)
 
 
+class Fp16Linear:
+    """float16 weights, float32 activations: fbgemm converts the packed weights inside its GEMM (CPU)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight.detach().float(),
+                                                              None if bias is None else bias.detach().float())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+
+
 class WeightOnlyInt8Linear:
     """int8 weights (per output channel) dequantized inside the matmul (``torch._weight_int8pack_mm``); the
     activations stay in their dtype. For CUDA, where torch has the kernel (on this CPU it is slower than fp32)."""
@@ -163,11 +183,13 @@ def make_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None = None
     weights on the CPU are packed for oneDNN."""
     device = weight.device
     weight = weight.detach()
+    if fmt == "fp16" and device.type == "cpu":
+        return Fp16Linear(weight, bias)
     if fmt == "int8":
         if device.type == "cpu":
             return Int8Linear(weight, bias)
         return WeightOnlyInt8Linear(weight, None if bias is None else bias.detach().to(torch.bfloat16))
-    dtype = activation_dtype(fmt)
+    dtype = activation_dtype(fmt, device)
     weight = weight.to(dtype).contiguous()
     bias = None if bias is None else bias.detach().to(dtype)
     if pack and device.type == "cpu" and prepack.available():
