@@ -171,6 +171,9 @@ class LLMSettings(Section):
     spec_max_batch: int = Field(4, ge=1)
     spec_ngram: int = Field(3, ge=1, le=8)  # the longest n-gram prompt lookup matches (down to 2 tokens)
     draft_model: str | None = None  # llm.speculative = "draft": a model of the same vocabulary, as models.llm
+    # on a GPU, decode-only steps replay CUDA graphs captured per batch size (1, 2, 4, ..., 32, padded up) and
+    # history length (voicepipe/llm/graphs.py); no effect on a CPU
+    cuda_graphs: bool = True
     # after a reply, prefill the chat template's opener of the next user turn while the session is idle
     warm_next_turn: bool = True
 

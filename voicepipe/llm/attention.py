@@ -92,7 +92,8 @@ class DecodeBatch:
 class StepLayout:
     slots: torch.Tensor  # [T] pool slot of each new token
     decode_rows: torch.Tensor | None = None  # [B] packed positions of the decode tokens
-    decode: slice | DecodeBatch | None = None  # a slice: one sequence in consecutive blocks
+    # a slice: one sequence in consecutive blocks; a StaticDecodeBatch: a static (CUDA graph) step, graphs.py
+    decode: slice | DecodeBatch | StaticDecodeBatch | None = None
     decode_rows_slice: slice | None = None  # the decode rows as a slice when they are consecutive
     prefills: list[PrefillSpan] = field(default_factory=list)
     decode_only: bool = False  # every token of the step is a decode, in packed order
@@ -104,10 +105,12 @@ class StepAborted(Exception):
 
 
 class PagedKVCache:
-    """Per-layer K and V pools, head-major: ``[num_kv_heads, num_blocks * block_size, head_dim]``, so that the slots
-    of one kv head form one matrix (a run of consecutive slots is a matmul-ready view).
+    """Per-layer K and V pools, head-major: ``[num_kv_heads, (num_blocks + 1) * block_size, head_dim]``, so that the
+    slots of one kv head form one matrix (a run of consecutive slots is a matmul-ready view).
 
-    ``abort_requested``, set from another thread, stops the running forward at its next layer (``StepAborted``)."""
+    ``abort_requested``, set from another thread, stops the running forward at its next layer (``StepAborted``).
+    One block more than the block manager's is kept as scratch: a static step's padding rows write there
+    (``scratch_slot``, graphs.py)."""
 
     is_compileable = False
 
@@ -115,7 +118,8 @@ class PagedKVCache:
                  dtype: torch.dtype, device: str | torch.device) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_kv_heads, num_blocks * block_size, head_dim)
+        self.scratch_slot = num_blocks * block_size
+        shape = (num_kv_heads, (num_blocks + 1) * block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.layout: StepLayout | None = None
@@ -178,11 +182,39 @@ def _decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch
     return o.view(kv_heads, b, group, dim).transpose(0, 1).reshape(b, heads, dim)
 
 
+@dataclass
+class StaticDecodeBatch:
+    """Decode histories by block table: ``tables`` [B, n_blocks], ``lengths`` [B] (tokens, the new one included)."""
+
+    tables: torch.Tensor
+    lengths: torch.Tensor
+    block_size: int
+
+
+def _static_decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch: StaticDecodeBatch,
+                            scale: float | None) -> torch.Tensor:
+    """``q`` [B, heads, head_dim] -> [B, heads, head_dim] with shapes fixed by the tables' width: each row's keys
+    and values gathered from its blocks, the positions past its length masked. No host synchronisation."""
+    b, heads, dim = q.shape
+    kv_heads = kp.shape[0]
+    bs = batch.block_size
+    slots = (batch.tables[:, :, None] * bs + torch.arange(bs, device=q.device)).reshape(b, -1)  # [B, L]
+    keys, values = kp[:, slots], vp[:, slots]  # [kv_heads, B, L, head_dim]
+    qg = q.view(b, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [kv_heads, B, group, head_dim]
+    scores = torch.matmul(qg, keys.transpose(-1, -2)) * (dim ** -0.5 if scale is None else scale)
+    keep = torch.arange(slots.shape[1], device=q.device)[None, :] < batch.lengths[:, None]  # [B, L]
+    scores = scores + additive_mask(keep, scores.dtype)[None, :, None, :]
+    out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(values.dtype), values)  # [kv_heads, B, group, dim]
+    return out.transpose(0, 1).reshape(b, heads, dim)
+
+
 def _decode(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, layout: StepLayout,
             scale: float | None) -> torch.Tensor:
     """``q`` [B, heads, head_dim] (the decode rows) -> [B, heads, head_dim]."""
     if isinstance(layout.decode, DecodeBatch):
         return _decode_attention(q, kp, vp, layout.decode, scale)
+    if isinstance(layout.decode, StaticDecodeBatch):
+        return _static_decode_attention(q, kp, vp, layout.decode, scale)
     # one sequence in consecutive blocks: its history is a view of the pool, and three small ops beat SDPA's
     # per-call cost (measured 130-360 us a layer for one query row)
     _, heads, dim = q.shape

@@ -91,7 +91,7 @@ class LLMEngine(RequestIntake, StepLoop):
                       else int(_free_memory_bytes(device) * s.kv_cache_memory_fraction))
         num_blocks = max(2, pool_bytes // (per_token * s.block_size))
         self.blocks = BlockManager(num_blocks, s.block_size)
-        self.runner = ModelRunner(model, num_blocks, s.block_size, decoder)
+        self.runner = ModelRunner(model, num_blocks, s.block_size, decoder, cuda_graphs=s.cuda_graphs)
         self.proposer: Proposer | None = None
         if s.speculative == "ngram":
             self.proposer = PromptLookup(max_n=s.spec_ngram, min_n=min(2, s.spec_ngram))

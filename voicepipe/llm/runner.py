@@ -21,6 +21,7 @@ from voicepipe.llm.attention import (
     register,
 )
 from voicepipe.llm.decoder import Decoder
+from voicepipe.llm.graphs import StaticDecode
 from voicepipe.llm.scheduler import ScheduledItem
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ class ModelRunner:
     """``decoder``: the model's weights in the chosen format (``quality.choose_weights``); None runs the model's
     own modules."""
 
-    def __init__(self, model, num_blocks: int, block_size: int, decoder: Decoder | None = None) -> None:
+    def __init__(self, model, num_blocks: int, block_size: int, decoder: Decoder | None = None,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
         self.decoder = decoder
         self.device = next(model.parameters()).device
@@ -68,6 +70,10 @@ class ModelRunner:
         self.cache = PagedKVCache(self.shape.num_layers, num_blocks, block_size, self.shape.num_kv_heads,
                                   self.shape.head_dim, self.dtype, self.device)
         self.last_inputs_s = 0.0  # building the last step's inputs (the engine's step profile)
+        # decode-only steps from CUDA graphs (graphs.py): with the decoder, on a GPU
+        self.static: StaticDecode | None = None
+        if cuda_graphs and decoder is not None and self.device.type == "cuda":
+            self.static = StaticDecode(decoder, self.cache, block_size, -(-self.shape.max_context // block_size))
         self.bytes_per_token = PagedKVCache.bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads,
                                                             self.shape.head_dim, self.dtype)
 
@@ -103,7 +109,7 @@ class ModelRunner:
         slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(items), -1)
         slots = slots[:, :max(lengths)]
         return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, self.shape.group,
-                                 self.cache.num_blocks * bs, self.dtype)
+                                 self.cache.k[0].shape[1], self.dtype)
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids and position ids ([T]), the step layout and the packed rows whose logits the step keeps:
@@ -148,12 +154,20 @@ class ModelRunner:
         position_ids = torch.tensor(pos, dtype=torch.long, device=dev)
         return input_ids, position_ids, layout, logit_rows + probe_rows
 
+    def _static_step(self, items: list[ScheduledItem]) -> bool:
+        """A decode-only step (one sampled token per sequence, no probe) that fits a static step."""
+        return (all(it.n_tokens == 1 and it.start > 0 and it.samples and it.probe is None for it in items)
+                and self.static.fits(items))
+
     # -- forward ----------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, items: list[ScheduledItem], logits: bool = True) -> torch.Tensor | None:
         """Run one step; returns float32 logits [sampled rows + n_probes, vocab]: the sampling items' rows, then the
         probing items' rows (None when no item needs any, or ``logits`` is off: the step only fills the cache)."""
         started = time.perf_counter()
+        if logits and self.static is not None and self._static_step(items):
+            self.last_inputs_s = 0.0  # the static buffers' copies are queued with the graph
+            return self.static.run(items).float()
         input_ids, position_ids, layout, logit_rows = self.build(items)
         keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows and logits else None
         self.last_inputs_s = time.perf_counter() - started

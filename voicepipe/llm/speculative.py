@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
-
 from voicepipe.llm.scheduler import ScheduledItem
 
 
@@ -115,10 +113,12 @@ class DraftModel:
                     step.set_draft(draft)
                     rounds.append((step, draft))
             logits = self.runner.forward([step for step, _ in rounds])
-            row = -1
-            for step, draft in rounds:
+            rows, row = [], -1
+            for step, _ in rounds:
                 row += 1 + len(step.draft)  # each step's rows: its token's, then each draft token's
-                draft.append(int(torch.argmax(logits[row])))
+                rows.append(row)
+            for (_, draft), token in zip(rounds, logits[rows].argmax(dim=-1).tolist(), strict=True):
+                draft.append(token)
         for item in active:
             item.set_draft(drafts[id(item)])
 

@@ -165,26 +165,24 @@ class StepLoop:
     @staticmethod
     def _pick(logits, sampled) -> tuple[list[tuple[list[int], int]], int]:
         """Each sampling item's tokens to emit and how many of its drafted tokens were accepted (speculative.py),
-        and the logit rows they used. Items without a draft sample their one row (greedy or not)."""
+        and the logit rows they used. One argmax over every row and one copy to the host serve the greedy rows and
+        the drafts; only sampled or constrained requests go through ``sample`` row by row."""
+        n_rows = sum(1 + len(item.draft) for item in sampled)
+        if not n_rows:
+            return [], 0
+        best = logits[:n_rows].argmax(dim=-1).tolist()
         picks: list = []
-        plain: list[tuple[int, int]] = []  # (index in picks, logit row)
         row = 0
         for item in sampled:
-            n_rows = 1 + len(item.draft)
+            params = item.request.params
             if item.draft:
-                picks.append(accept(item.draft, logits[row:row + n_rows].argmax(dim=-1).tolist()))
+                picks.append(accept(item.draft, best[row:row + 1 + len(item.draft)]))
+            elif params.greedy and params.constraint is None:
+                picks.append(([best[row]], 0))
             else:
-                plain.append((len(picks), row))
-                picks.append(None)
-            row += n_rows
-        if plain:
-            rows = [r for _, r in plain]
-            items = [sampled[i] for i, _ in plain]
-            chosen = sample(logits[rows[0]:rows[-1] + 1] if rows == list(range(rows[0], rows[-1] + 1)) else
-                            logits[rows], [it.request.params for it in items], [it.request.generator for it in items])
-            for (i, _), token in zip(plain, chosen, strict=True):
-                picks[i] = ([token], 0)
-        return picks, row
+                picks.append((sample(logits[row:row + 1], [params], [item.request.generator]), 0))
+            row += 1 + len(item.draft)
+        return picks, n_rows
 
     def _after_step(self, items, picks: list[tuple[list[int], int]], end_probs: list[float]) -> None:
         self.counters["steps"] += 1
