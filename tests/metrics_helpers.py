@@ -49,7 +49,8 @@ class StatsOnly:
         self._stats = {"blocks_used": 10, "blocks_free": 54, "blocks_total": 64, "sessions_pinned": 2, "sessions": 3,
                        "waiting": 1, "running": 2, "prompt_tokens": 900, "cached_prompt_tokens": 600,
                        "compactions": 1, "unpinned_sessions": 4, "output_tokens": 77, "errors": 5, "overloaded": 2,
-                       "preemptions_by_tier": {"flex": 3, "default": 1}, **stats}
+                       "preemptions_by_tier": {"flex": 3, "default": 1}, "draft_tokens": 40, "accepted_tokens": 25,
+                       **stats}
 
     def stats(self) -> dict:
         return self._stats

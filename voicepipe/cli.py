@@ -508,6 +508,34 @@ def bench_llm(
         console.print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
 
 
+@bench_app.command("decode")
+def bench_decode(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=2, help="Reply tokens at most (replies end at EOS).")] = 64,
+    sessions: Annotated[int, typer.Option(min=2, help="Concurrent requests of the throughput level.")] = 16,
+    prompts: Annotated[int, typer.Option(min=1, max=8, help="Single-stream prompts.")] = 8,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+) -> None:
+    """Decode speed: transformers generate, today's engine path, the decoder in fp32 and int8, int8 + speculation."""
+    from voicepipe.llm.bench_decode import run_decode_bench
+
+    report = run_decode_bench(settings_with(device__device=device), max_tokens=max_tokens, sessions=sessions,
+                              prompts=prompts, progress=lambda line: err_console.print(line, highlight=False))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("configuration", "1 stream tok/s", f"{sessions} sessions tok/s", "overhead ms/step",
+                  "forward ms/step", "same tokens as fp32", title="LLM decode")
+    for name, row in report["single"].items():
+        multi = report["sessions"].get(name, {})
+        profile = row.get("profile", {})
+        table.add_row(name, str(row["tok_s"]), str(multi.get("tok_s", "-")), str(profile.get("overhead", "-")),
+                      str(profile.get("forward", "-")), str(row.get("same_tokens_as_fp32", "-")))
+    console.print(table)
+    for key in ("speedup_best_over_fp32", "throughput_16_best_over_fp32", "spec_acceptance_rate",
+                "step_overhead_ms"):
+        console.print(f"{key}: {report[key]}")
+
+
 @bench_app.command("tiers")
 def bench_tiers(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,

@@ -159,6 +159,24 @@ class LLMSettings(Section):
     # step and a decode's matrix-vector products use both cores (the packed copies cost those weights' memory once
     # more)
     prepack_linears: bool = True
+    # The linear layers' weight format (voicepipe/llm/weights.py): "auto" is the fastest format that passes the
+    # quality check at load (int8 on a CPU with fbgemm, else fp32; bf16 on CUDA); an unavailable format is logged and
+    # chosen as "auto" chooses
+    weights: Literal["auto", "fp32", "fp16", "bf16", "int8"] = "auto"
+    # run Llama-family models through voicepipe's own forward (voicepipe/llm/decoder.py); off: transformers' modules,
+    # in the model's own dtype (the path before it, kept for comparison and for models it cannot run)
+    fast_decoder: bool = True
+    # Speculative decoding of greedy requests (voicepipe/llm/speculative.py): "ngram" drafts from the sequence's own
+    # history (prompt lookup), "draft" decodes drafts with llm.draft_model; a decode step verifies up to spec_tokens
+    # drafted tokens while it holds at most spec_max_batch decodes. The output is the same tokens either way.
+    speculative: Literal["off", "ngram", "draft"] = "ngram"
+    spec_tokens: int = Field(4, ge=1, le=32)
+    spec_max_batch: int = Field(4, ge=1)
+    spec_ngram: int = Field(3, ge=1, le=8)  # the longest n-gram prompt lookup matches (down to 2 tokens)
+    draft_model: str | None = None  # llm.speculative = "draft": a model of the same vocabulary, as models.llm
+    # on a GPU, decode-only steps replay CUDA graphs captured per batch size (1, 2, 4, ..., 32, padded up) and
+    # history length (voicepipe/llm/graphs.py); no effect on a CPU
+    cuda_graphs: bool = True
     # after a reply, prefill the chat template's opener of the next user turn while the session is idle
     warm_next_turn: bool = True
     # Where calls' replies come from: "local", the engine above in this process; "openai", any OpenAI-compatible

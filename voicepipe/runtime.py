@@ -73,7 +73,13 @@ class Runtime:
                                                    llm_dtype_name(self.settings.device))
             from voicepipe.llm.engine import LLMEngine
 
-            engine = LLMEngine(self.llm, self.tokenizer, self.settings.llm)
+            draft = None
+            llm = self.settings.llm
+            if llm.speculative == "draft" and llm.draft_model is not None:  # without one, the engine says what to set
+                draft_path = resolve_model(llm.draft_model, "llm", self.settings.paths.models_dir)
+                draft, _ = self._timed("llm_draft", load_causal_lm, draft_path, device,
+                                       llm_dtype_name(self.settings.device))
+            engine = LLMEngine(self.llm, self.tokenizer, llm, draft_model=draft)
         for listener in self.request_listeners:
             engine.add_request_listener(listener)
         engine.start()

@@ -21,7 +21,9 @@ def test_the_report_holds_per_turn_figures_and_ratios(settings: Settings) -> Non
         assert len(level["ttft_p50_per_turn"]) == TURNS and all(t > 0 for t in level["ttft_p50_per_turn"])
         assert all(f > 0.5 for f in level["cached_fraction_per_turn"][1:])  # later turns reuse the conversation
         assert level["kv_bytes_per_token"] > 0 and level["peak_rss_mib"] > 0
-        assert level["itl_p50"] > 0 and level["output_tokens_per_s"] > 0
+        # a reply's first two tokens are always a step apart; with speculation, tokens verified together arrive
+        # together (gaps of 0), so the median gap may be 0
+        assert level["itl_p95"] > 0 and level["itl_p50"] >= 0 and level["output_tokens_per_s"] > 0
     base = report["baseline"]
     prompts = base["prompt_tokens_per_turn"]
     assert len(base["ttft_per_turn"]) == TURNS and all(a < b for a, b in zip(prompts, prompts[1:], strict=False))

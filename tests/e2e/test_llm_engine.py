@@ -1,6 +1,7 @@
 """The LLM engine against the oracle: greedy output equals ``model.generate(do_sample=False)`` token for token.
 
-Real SmolLM2-135M weights. The engine and the reference use two separately loaded copies of the model, so the
+Real SmolLM2-135M weights, in float32 (``llm.weights = "fp32"``: the lossy formats are held to their own quality
+bounds in test_llm_weights.py). The engine and the reference use two separately loaded copies of the model, so the
 engine's registered attention function cannot leak into the reference.
 """
 
@@ -46,7 +47,7 @@ def greedy_reference(reference, prompt_ids: list[int], n: int = N) -> list[int]:
 
 @pytest.fixture(scope="module")
 def engine(engine_model):
-    engine = start_engine(engine_model, kv_cache_mib=128)
+    engine = start_engine(engine_model, kv_cache_mib=128, weights="fp32")
     yield engine
     engine.stop()
 
@@ -349,7 +350,7 @@ async def test_a_voice_request_aborts_a_flex_step_and_the_flex_reply_is_unchange
 
 async def test_preempted_request_resumes_and_matches_generate(engine_model, reference):
     # a pool of 6 blocks x 16 tokens: two of these requests cannot both hold their KV
-    engine = start_engine(engine_model, kv_cache_mib=4, block_size=16, max_tokens_per_step=64)
+    engine = start_engine(engine_model, kv_cache_mib=4, block_size=16, max_tokens_per_step=64, weights="fp32")
     try:
         assert engine.blocks.num_blocks <= 6
         low_msgs = [{"role": "user", "content": "List some colours of the rainbow please."}]

@@ -27,7 +27,7 @@ HI = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture(scope="module")
 def engine(engine_model):
-    engine = start_engine(engine_model)
+    engine = start_engine(engine_model, weights="fp32")  # a raw completion is compared with model.generate
     yield engine
     engine.stop()
 
@@ -195,7 +195,7 @@ async def test_overloaded_when_not_admitted_in_time(engine_model):
 
 
 async def test_raw_completion_matches_generate_and_hits_prefix_cache(engine, engine_model):
-    model_ref, tokenizer = engine_model  # the engine's own model: plain generate still runs stock SDPA on it
+    model_ref, tokenizer = engine_model  # the engine's own model: plain generate still runs transformers' forward
     prompt = "The three primary colours are red, yellow and"
     gen = engine.complete(prompt, max_tokens=8)
     await collect(gen)

@@ -191,6 +191,8 @@ def test_engine_state_is_read_at_scrape_time():
     assert s.value("voicepipe_prefix_cache_query_tokens_total") == 900
     assert s.value("voicepipe_prefix_cache_hit_tokens_total") == 600
     assert s.value("voicepipe_llm_compactions_total") == 1
+    assert s.value("voicepipe_llm_spec_draft_tokens_total") == 40
+    assert s.value("voicepipe_llm_spec_accepted_tokens_total") == 25
     assert s.value("voicepipe_llm_preemptions_total", tier="flex") == 3
     assert s.value("voicepipe_llm_preemptions_total") == 4
     assert s.value("voicepipe_errors_total", kind="engine") == 3
@@ -221,3 +223,14 @@ def test_openmetrics_on_request():
     assert content_type.startswith("application/openmetrics-text")
     assert body.rstrip().endswith(b"# EOF")
     assert Metrics().render()[1].startswith("text/plain; version=0.0.4")
+
+
+def test_each_drafting_request_adds_its_acceptance_rate():
+    metrics = Metrics()
+    drafted = finished_request(Session(ephemeral=True, requests=1))
+    drafted.stats.draft_tokens, drafted.stats.accepted_tokens = 8, 6
+    metrics.request_finished(drafted)
+    metrics.request_finished(finished_request(Session(ephemeral=True, requests=1)))  # drafted nothing: no sample
+    s = scrape(metrics)
+    assert s.value("voicepipe_llm_spec_acceptance_ratio_count", tier="priority", transport="http") == 1
+    assert s.value("voicepipe_llm_spec_acceptance_ratio_sum", tier="priority", transport="http") == 0.75

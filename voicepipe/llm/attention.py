@@ -92,7 +92,8 @@ class DecodeBatch:
 class StepLayout:
     slots: torch.Tensor  # [T] pool slot of each new token
     decode_rows: torch.Tensor | None = None  # [B] packed positions of the decode tokens
-    decode: slice | DecodeBatch | None = None  # a slice: one sequence in consecutive blocks
+    # a slice: one sequence in consecutive blocks; a StaticDecodeBatch: a static (CUDA graph) step, graphs.py
+    decode: slice | DecodeBatch | StaticDecodeBatch | None = None
     decode_rows_slice: slice | None = None  # the decode rows as a slice when they are consecutive
     prefills: list[PrefillSpan] = field(default_factory=list)
     decode_only: bool = False  # every token of the step is a decode, in packed order
@@ -104,10 +105,12 @@ class StepAborted(Exception):
 
 
 class PagedKVCache:
-    """Per-layer K and V pools, head-major: ``[num_kv_heads, num_blocks * block_size, head_dim]``, so that the slots
-    of one kv head form one matrix (a run of consecutive slots is a matmul-ready view).
+    """Per-layer K and V pools, head-major: ``[num_kv_heads, (num_blocks + 1) * block_size, head_dim]``, so that the
+    slots of one kv head form one matrix (a run of consecutive slots is a matmul-ready view).
 
-    ``abort_requested``, set from another thread, stops the running forward at its next layer (``StepAborted``)."""
+    ``abort_requested``, set from another thread, stops the running forward at its next layer (``StepAborted``).
+    One block more than the block manager's is kept as scratch: a static step's padding rows write there
+    (``scratch_slot``, graphs.py)."""
 
     is_compileable = False
 
@@ -115,7 +118,8 @@ class PagedKVCache:
                  dtype: torch.dtype, device: str | torch.device) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_kv_heads, num_blocks * block_size, head_dim)
+        self.scratch_slot = num_blocks * block_size
+        shape = (num_kv_heads, (num_blocks + 1) * block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.layout: StepLayout | None = None
@@ -163,8 +167,8 @@ def _decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch
     group = heads // kv_heads
     scale = dim ** -0.5 if scale is None else scale
     qk = q.reshape(b, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, b * group, dim)
-    if sparse is None:
-        sparse = kp.device.type == "cpu"
+    if sparse is None:  # torch's sparse CPU kernels take float32 and float64 only
+        sparse = kp.device.type == "cpu" and kp.dtype in (torch.float32, torch.float64)
     if sparse:
         scores = torch.sparse.sampled_addmm(batch.pattern, qk, kp.transpose(1, 2), beta=0.0, alpha=scale).values()
     else:
@@ -178,14 +182,47 @@ def _decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch
     return o.view(kv_heads, b, group, dim).transpose(0, 1).reshape(b, heads, dim)
 
 
-def _decode(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, layout: StepLayout, scale: float | None,
-            gqa: bool) -> torch.Tensor:
+@dataclass
+class StaticDecodeBatch:
+    """Decode histories by block table: ``tables`` [B, n_blocks], ``lengths`` [B] (tokens, the new one included)."""
+
+    tables: torch.Tensor
+    lengths: torch.Tensor
+    block_size: int
+
+
+def _static_decode_attention(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, batch: StaticDecodeBatch,
+                            scale: float | None) -> torch.Tensor:
+    """``q`` [B, heads, head_dim] -> [B, heads, head_dim] with shapes fixed by the tables' width: each row's keys
+    and values gathered from its blocks, the positions past its length masked. No host synchronisation."""
+    b, heads, dim = q.shape
+    kv_heads = kp.shape[0]
+    bs = batch.block_size
+    slots = (batch.tables[:, :, None] * bs + torch.arange(bs, device=q.device)).reshape(b, -1)  # [B, L]
+    keys, values = kp[:, slots], vp[:, slots]  # [kv_heads, B, L, head_dim]
+    qg = q.view(b, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [kv_heads, B, group, head_dim]
+    scores = torch.matmul(qg, keys.transpose(-1, -2)) * (dim ** -0.5 if scale is None else scale)
+    keep = torch.arange(slots.shape[1], device=q.device)[None, :] < batch.lengths[:, None]  # [B, L]
+    scores = scores + additive_mask(keep, scores.dtype)[None, :, None, :]
+    out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(values.dtype), values)  # [kv_heads, B, group, dim]
+    return out.transpose(0, 1).reshape(b, heads, dim)
+
+
+def _decode(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, layout: StepLayout,
+            scale: float | None) -> torch.Tensor:
     """``q`` [B, heads, head_dim] (the decode rows) -> [B, heads, head_dim]."""
     if isinstance(layout.decode, DecodeBatch):
         return _decode_attention(q, kp, vp, layout.decode, scale)
-    k, v = _history(kp, layout.decode), _history(vp, layout.decode)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=gqa)
-    return o[:, :, 0]
+    if isinstance(layout.decode, StaticDecodeBatch):
+        return _static_decode_attention(q, kp, vp, layout.decode, scale)
+    # one sequence in consecutive blocks: its history is a view of the pool, and three small ops beat SDPA's
+    # per-call cost (measured 130-360 us a layer for one query row)
+    _, heads, dim = q.shape
+    kv_heads = kp.shape[0]
+    k, v = kp[:, layout.decode], vp[:, layout.decode]  # [kv_heads, L, head_dim]
+    scores = torch.bmm(q.reshape(kv_heads, heads // kv_heads, dim), k.transpose(1, 2))
+    p = torch.softmax(scores.mul_(dim ** -0.5 if scale is None else scale), dim=-1)
+    return torch.bmm(p, v).view(1, heads, dim)
 
 
 def _prefill(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, span: PrefillSpan, scale: float | None,
@@ -203,6 +240,28 @@ def _prefill(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, span: Pref
     return F.scaled_dot_product_attention(rows, k, v, attn_mask=span.mask, scale=scale).view(1, heads, n, dim)
 
 
+def attend(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, layout: StepLayout,
+           scale: float | None) -> torch.Tensor:
+    """The step's attention: ``q`` [T, heads, head_dim] (the packed batch's rows) -> [T, heads, head_dim], each row
+    attending to its own sequence's history in the pool ``kp``/``vp`` (its new K/V already written)."""
+    gqa = q.shape[1] != kp.shape[0]
+    if layout.decode_only:
+        return _decode(q, kp, vp, layout, scale)
+    if layout.single_prefill:
+        return _prefill(q.transpose(0, 1).unsqueeze(0), kp, vp, layout.prefills[0], scale, gqa)[0].transpose(0, 1)
+    out = torch.empty_like(q)
+    if layout.decode_rows is not None:
+        if layout.decode_rows_slice is not None:
+            out[layout.decode_rows_slice] = _decode(q[layout.decode_rows_slice], kp, vp, layout, scale)
+        else:
+            out.index_copy_(0, layout.decode_rows, _decode(q.index_select(0, layout.decode_rows), kp, vp, layout,
+                                                           scale))
+    for span in layout.prefills:
+        rows = q[span.t0:span.t0 + span.n].transpose(0, 1).unsqueeze(0)
+        out[span.t0:span.t0 + span.n] = _prefill(rows, kp, vp, span, scale, gqa)[0].transpose(0, 1)
+    return out
+
+
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """``query`` is [1, heads, T, head_dim] for the whole packed batch; returns ([1, T, heads, head_dim], None)."""
     layout: StepLayout | None = kwargs.get("vp_layout")
@@ -212,24 +271,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     kp, vp = kwargs["vp_pool"]
-    gqa = query.shape[1] != kp.shape[0]
-    if layout.decode_only:
-        return _decode(query[0].transpose(0, 1), kp, vp, layout, scaling, gqa).unsqueeze(0), None
-    if layout.single_prefill:
-        return _prefill(query, kp, vp, layout.prefills[0], scaling, gqa).transpose(1, 2), None
-    out = torch.empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype,
-                      device=query.device)
-    if layout.decode_rows is not None:
-        if layout.decode_rows_slice is not None:
-            o = _decode(query[0, :, layout.decode_rows_slice].transpose(0, 1), kp, vp, layout, scaling, gqa)
-            out[0, layout.decode_rows_slice] = o
-        else:
-            o = _decode(query[0].index_select(1, layout.decode_rows).transpose(0, 1), kp, vp, layout, scaling, gqa)
-            out[0].index_copy_(0, layout.decode_rows, o)
-    for span in layout.prefills:
-        o = _prefill(query[:, :, span.t0:span.t0 + span.n], kp, vp, span, scaling, gqa)
-        out[0, span.t0:span.t0 + span.n] = o[0].transpose(0, 1)
-    return out, None
+    return attend(query[0].transpose(0, 1), kp, vp, layout, scaling).unsqueeze(0), None
 
 
 def register() -> str:

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 
 from voicepipe.config import LLMSettings
+from voicepipe.errors import ModelError
 from voicepipe.llm.attention import PagedKVCache
 from voicepipe.llm.blocks import BlockManager
 from voicepipe.llm.chat import ChatRenderer
@@ -36,10 +37,12 @@ from voicepipe.llm.constraints import GrammarTokenizer
 from voicepipe.llm.errors import EngineStoppedError
 from voicepipe.llm.intake import RequestIntake
 from voicepipe.llm.prepack import prepack_linears
+from voicepipe.llm.quality import choose_weights
 from voicepipe.llm.request import Request
 from voicepipe.llm.runner import ModelRunner, ModelShape
 from voicepipe.llm.scheduler import Scheduler
 from voicepipe.llm.session import Session
+from voicepipe.llm.speculative import DraftModel, PromptLookup, Proposer
 from voicepipe.llm.step_loop import StepLoop
 
 log = logging.getLogger(__name__)
@@ -64,25 +67,41 @@ def _free_memory_bytes(device: str) -> int:
 
 
 class LLMEngine(RequestIntake, StepLoop):
-    def __init__(self, model, tokenizer, settings: LLMSettings | None = None) -> None:
+    """``draft_model``: the draft of ``llm.speculative = "draft"`` (same tokenizer; the runtime loads
+    ``llm.draft_model``)."""
+
+    def __init__(self, model, tokenizer, settings: LLMSettings | None = None, draft_model=None) -> None:
         self.settings = settings or LLMSettings()
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
         self.grammar_tokenizer = GrammarTokenizer(tokenizer)  # built at its first use (JSON mode, tool calls)
         s = self.settings
-        if s.prepack_linears:
+        self.weights, decoder = choose_weights(model, tokenizer, s.weights, pack=s.prepack_linears,
+                                                     fast_decoder=s.fast_decoder)
+        log.info("LLM weights: %s (%s)", self.weights.format, self.weights.reason)
+        if decoder is None and s.prepack_linears:
             prepack_linears(model)
         device = str(next(model.parameters()).device)
         shape = ModelShape.of(model)
-        dtype = next(model.parameters()).dtype
+        dtype = self.weights.dtype
         per_token = PagedKVCache.bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
+        draft = self._draft_parts(draft_model, tokenizer, model)
+        if draft is not None:  # the draft's pool has the target pool's blocks
+            per_token += PagedKVCache.bytes_per_token(draft[1].num_layers, draft[1].num_kv_heads, draft[1].head_dim,
+                                                      draft[0].dtype if draft[0] is not None else dtype)
         pool_bytes = (s.kv_cache_mib * 2**20 if s.kv_cache_mib is not None
                       else int(_free_memory_bytes(device) * s.kv_cache_memory_fraction))
         num_blocks = max(2, pool_bytes // (per_token * s.block_size))
         self.blocks = BlockManager(num_blocks, s.block_size)
-        self.runner = ModelRunner(model, num_blocks, s.block_size)
+        self.runner = ModelRunner(model, num_blocks, s.block_size, decoder, cuda_graphs=s.cuda_graphs)
+        self.proposer: Proposer | None = None
+        if s.speculative == "ngram":
+            self.proposer = PromptLookup(max_n=s.spec_ngram, min_n=min(2, s.spec_ngram))
+        elif draft is not None:
+            self.proposer = DraftModel(ModelRunner(draft_model, num_blocks, s.block_size, draft[0]))
         self.scheduler = Scheduler(self.blocks, s.max_tokens_per_step, s.max_running, s.flex_aging_steps,
-                                   warm_idle=s.warm_next_turn)
+                                   warm_idle=s.warm_next_turn, spec_tokens=s.spec_tokens if self.proposer else 0,
+                                   spec_max_batch=s.spec_max_batch)
         self.capacity_tokens = num_blocks * s.block_size
         self.max_context = min(shape.max_context, self.capacity_tokens)
         self.context_budget = min(s.context_tokens or shape.max_context, self.max_context)
@@ -99,9 +118,30 @@ class LLMEngine(RequestIntake, StepLoop):
         self.counters = {"requests": 0, "finished": 0, "cancelled": 0, "errors": 0, "overloaded": 0,
                          "compactions": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
                          "steps": 0, "max_batch": 0, "warmed_tokens": 0, "openers_kept": 0, "openers_missed": 0,
-                         "warm_ids_cut": 0}
+                         "warm_ids_cut": 0, "draft_tokens": 0, "accepted_tokens": 0}
+        self.step_times = dict.fromkeys(("steps", "decode_rows", "schedule", "propose", "inputs", "forward", "sample",
+                                         "bookkeeping"), 0.0)
         self.crashed: BaseException | None = None
         self._request_listeners: list[Callable[[Request], None]] = []
+
+    def _draft_parts(self, draft_model, tokenizer, model):
+        """The draft model's decoder and shape under ``llm.speculative = "draft"`` (None otherwise)."""
+        s = self.settings
+        if s.speculative != "draft":
+            return None
+        if draft_model is None:
+            raise ModelError("llm.speculative = draft needs a draft model.",
+                             "set llm.draft_model (a model of the same vocabulary), or use ngram.")
+        vocab = int(draft_model.get_output_embeddings().weight.shape[0])
+        if vocab != int(model.get_output_embeddings().weight.shape[0]):
+            raise ModelError(f"the draft model's vocabulary ({vocab} tokens) is not the model's.",
+                             "pick a draft model of the same family and tokenizer.")
+        choice, decoder = choose_weights(draft_model, tokenizer, s.weights, pack=s.prepack_linears,
+                                         fast_decoder=s.fast_decoder)
+        log.info("LLM draft model weights: %s (%s)", choice.format, choice.reason)
+        if decoder is None and s.prepack_linears:
+            prepack_linears(draft_model)
+        return decoder, ModelShape.of(draft_model)
 
     @staticmethod
     def _model_stop_ids(model, tokenizer) -> frozenset[int]:

@@ -267,7 +267,9 @@ class RequestIntake:
             stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.model_stop_ids)
             req = Request(session=session, params=params, tier=tier, stop_ids=stop_ids, stats=stats,
                           generator=make_generator(params, self.runner.device),
-                          sink=(loop, queue), probe_at=probe_at, end_prob_future=loop.create_future())
+                          sink=(loop, queue), probe_at=probe_at, end_prob_future=loop.create_future(),
+                          speculate=self.proposer is not None and params.greedy and params.constraint is None
+                                    and params.logprobs is None)
             stats.prompt_tokens = len(session.ids)
             session.reply_start = len(session.ids)
             session.busy = True

@@ -28,9 +28,19 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def _packed_forward(module: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, module.bias, "none", [], "")
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] (float32 or bfloat16) in oneDNN's packed layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` from ``pack(weight)``; ``x`` [..., in]."""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
     return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _packed_forward(module: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return packed_linear(x, packed, module.bias)
 
 
 def is_packed(module: nn.Module) -> bool:
@@ -49,7 +59,7 @@ def prepack_linears(model: nn.Module) -> int:
         if (not isinstance(module, nn.Linear) or is_packed(module)
                 or module.weight.device.type != "cpu" or module.weight.dtype != torch.float32):
             continue
-        packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+        packed = pack(module.weight)
         module.forward = functools.partial(_packed_forward, module, packed)
         packed_bytes += module.weight.numel() * module.weight.element_size()
         count += 1

@@ -45,6 +45,12 @@ class RequestStats:
     preemptions: int = 0
     compacted: bool = False
     end_prob: float | None = None  # P(the user message ends here), when the request asked for it (end_probe)
+    draft_tokens: int = 0  # speculative decoding: tokens proposed for this request, and how many were accepted
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
     def queue_time(self) -> float | None:
@@ -62,7 +68,8 @@ class RequestStats:
     def as_dict(self) -> dict[str, Any]:
         return {"queue_time": self.queue_time, "ttft": self.ttft, "itls": self.itls,
                 "prompt_tokens": self.prompt_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
-                "output_tokens": self.output_tokens, "preemptions": self.preemptions, "compacted": self.compacted}
+                "output_tokens": self.output_tokens, "preemptions": self.preemptions, "compacted": self.compacted,
+                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens}
 
 
 @dataclass(eq=False)
@@ -88,6 +95,8 @@ class Request:
     probe_at: int | None = None
     end_prob_future: Any = None  # an asyncio future on the caller's loop, resolved with ``stats.end_prob``
     generator: Any = None
+    speculate: bool = False  # its decodes may verify drafted tokens (greedy, unconstrained, speculation on)
+    lookup: Any = None  # the prompt-lookup proposer's index of its sequence (speculative.py)
     sink: Any = None  # the engine's hand-off to the asyncio side
 
     @property

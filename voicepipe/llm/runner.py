@@ -1,8 +1,12 @@
-"""Model runner: one forward pass over a packed batch (every scheduled sequence's new tokens, batch dim 1)."""
+"""Model runner: one forward pass over a packed batch (every scheduled sequence's new tokens, batch dim 1).
+
+The forward is voicepipe's ``Decoder`` (``decoder.py``) when it can run the model, else transformers' own modules
+with our attention function and cache object."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +20,8 @@ from voicepipe.llm.attention import (
     additive_mask,
     register,
 )
+from voicepipe.llm.decoder import Decoder
+from voicepipe.llm.graphs import StaticDecode
 from voicepipe.llm.scheduler import ScheduledItem
 
 log = logging.getLogger(__name__)
@@ -45,18 +51,29 @@ class ModelShape:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int) -> None:
+    """``decoder``: the model's weights in the chosen format (``quality.choose_weights``); None runs the model's
+    own modules."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, decoder: Decoder | None = None,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
+        self.decoder = decoder
         self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = decoder.dtype if decoder is not None else next(model.parameters()).dtype
         self.shape = ModelShape.of(model)
-        model.config._attn_implementation = register()
-        text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        text_cfg._attn_implementation = model.config._attn_implementation
+        if decoder is None:
+            model.config._attn_implementation = register()
+            text_cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+            text_cfg._attn_implementation = model.config._attn_implementation
         self.block_size = block_size
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache = PagedKVCache(self.shape.num_layers, num_blocks, block_size, self.shape.num_kv_heads,
                                   self.shape.head_dim, self.dtype, self.device)
+        self.last_inputs_s = 0.0  # building the last step's inputs (the engine's step profile)
+        # decode-only steps from CUDA graphs (graphs.py): with the decoder, on a GPU
+        self.static: StaticDecode | None = None
+        if cuda_graphs and decoder is not None and self.device.type == "cuda":
+            self.static = StaticDecode(decoder, self.cache, block_size, -(-self.shape.max_context // block_size))
         self.bytes_per_token = PagedKVCache.bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads,
                                                             self.shape.head_dim, self.dtype)
 
@@ -92,11 +109,11 @@ class ModelRunner:
         slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(items), -1)
         slots = slots[:, :max(lengths)]
         return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, self.shape.group,
-                                 self.cache.num_blocks * bs, self.dtype)
+                                 self.cache.k[0].shape[1], self.dtype)
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
-        """Packed input ids, position ids, the step layout and the packed rows whose logits the step keeps: each
-        sampled token's, then each probe's (in item order)."""
+        """Packed input ids and position ids ([T]), the step layout and the packed rows whose logits the step keeps:
+        each sampling item's (its last token's, then each drafted token's), then each probe's (in item order)."""
         dev = self.device
         ids: list[int] = []
         pos: list[int] = []
@@ -111,8 +128,8 @@ class ModelRunner:
             ids.extend(item.token_ids)
             pos.extend(range(item.start, end))
             slots.extend(self._slot_ids(item.block_table, item.start, end))
-            if item.samples:
-                logit_rows.append(t0 + item.n_tokens - 1)
+            if item.samples:  # the row after the sequence's last token, then after each drafted token
+                logit_rows.extend(range(t0 + item.n_tokens - 1 - len(item.draft), t0 + item.n_tokens))
             if item.probe is not None:
                 probe_rows.append(t0 + item.probe)
             if item.n_tokens == 1 and item.start > 0:
@@ -133,23 +150,35 @@ class ModelRunner:
             layout.decode = self._decode_ref([it for _, it in decodes])
         layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
         layout.single_prefill = not decodes and len(prefills) == 1
-        input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
-        position_ids = torch.tensor([pos], dtype=torch.long, device=dev)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        position_ids = torch.tensor(pos, dtype=torch.long, device=dev)
         return input_ids, position_ids, layout, logit_rows + probe_rows
+
+    def _static_step(self, items: list[ScheduledItem]) -> bool:
+        """A decode-only step (one sampled token per sequence, no probe) that fits a static step."""
+        return (all(it.n_tokens == 1 and it.start > 0 and it.samples and it.probe is None for it in items)
+                and self.static.fits(items))
 
     # -- forward ----------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, items: list[ScheduledItem]) -> torch.Tensor | None:
-        """Run one step; returns float32 logits [n_sampled + n_probes, vocab]: the sampling items' rows, then the
-        probing items' rows (or None when no item needs any)."""
+    def forward(self, items: list[ScheduledItem], logits: bool = True) -> torch.Tensor | None:
+        """Run one step; returns float32 logits [sampled rows + n_probes, vocab]: the sampling items' rows, then the
+        probing items' rows (None when no item needs any, or ``logits`` is off: the step only fills the cache)."""
+        started = time.perf_counter()
+        if logits and self.static is not None and self._static_step(items):
+            self.last_inputs_s = 0.0  # the static buffers' copies are queued with the graph
+            return self.static.run(items).float()
         input_ids, position_ids, layout, logit_rows = self.build(items)
+        keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows and logits else None
+        self.last_inputs_s = time.perf_counter() - started
+        if self.decoder is not None:
+            return self.decoder.forward(input_ids, position_ids, layout, keep, self.cache)
         self.cache.layout = layout
-        keep = torch.tensor(logit_rows, dtype=torch.long, device=self.device) if logit_rows else 1
         try:
-            out = self.model(input_ids=input_ids, position_ids=position_ids, cache=self.cache, use_cache=False,
-                             logits_to_keep=keep)
+            out = self.model(input_ids=input_ids[None], position_ids=position_ids[None], cache=self.cache,
+                             use_cache=False, logits_to_keep=1 if keep is None else keep)
         finally:
             self.cache.layout = None
-        if not logit_rows:
+        if keep is None:
             return None
         return out.logits[0].float()

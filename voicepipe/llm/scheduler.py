@@ -2,7 +2,9 @@
 
 Each step:
 1. Running decodes first, one token each, in tier order (``priority`` > ``default`` > ``flex``), then least
-   recently decoded.
+   recently decoded. With speculation, a decode of a speculating request holds room for up to ``spec_tokens``
+   drafted tokens while the step has at most ``spec_max_batch`` decodes (beyond that the drafts' rows cost more
+   than they save); the engine fills it (``ScheduledItem.set_draft``) before the forward.
 2. Then prefill chunks, up to the step's token budget: requests already mid-prefill first, then the waiting queue
    in tier order then arrival. A ``flex`` request that has waited ``flex_aging_steps`` steps ranks as ``priority``,
    so it cannot starve.
@@ -37,9 +39,11 @@ class ScheduledItem:
 
     request: Request | None  # None: warming an idle session
     start: int  # position of the first token computed this step
-    n_tokens: int
+    n_tokens: int  # tokens the step computes: the sequence's own, then the draft's
     session: Session = None  # type: ignore[assignment]  # the request's session unless given
+    draft_slots: int = 0  # room held for drafted tokens after a decode's token (speculative decoding)
     token_ids: list[int] = field(init=False)
+    draft: list[int] = field(init=False)  # drafted tokens the step verifies (``set_draft``)
     block_table: list[int] = field(init=False)
     edits: int = field(init=False)
     samples: bool = field(init=False)  # the chunk reaches the end of a request's sequence: sample the next token
@@ -50,11 +54,19 @@ class ScheduledItem:
             self.session = self.request.session
         end = self.start + self.n_tokens
         self.token_ids = self.session.ids[self.start:end]
+        self.draft = []
         self.block_table = list(self.session.block_table)
         self.edits = self.session.edits
         self.samples = self.request is not None and end == len(self.session.ids)
         probe_at = None if self.request is None else self.request.probe_at
         self.probe = probe_at - self.start if probe_at is not None and self.start <= probe_at < end else None
+
+    def set_draft(self, draft: list[int]) -> None:
+        """Verify ``draft`` (at most ``draft_slots`` tokens) after the sequence's tokens in this step."""
+        own = self.n_tokens - len(self.draft)
+        self.draft = list(draft[:self.draft_slots])
+        self.token_ids = self.token_ids[:own] + self.draft
+        self.n_tokens = own + len(self.draft)
 
     @property
     def rank(self) -> int:
@@ -75,8 +87,11 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_tokens_per_step: int = 256, max_running: int = 32,
-                 flex_aging_steps: int = 64, warm_idle: bool = True) -> None:
+                 flex_aging_steps: int = 64, warm_idle: bool = True, spec_tokens: int = 0,
+                 spec_max_batch: int = 4) -> None:
         self.blocks = blocks
+        self.spec_tokens = spec_tokens  # draft slots per speculating decode (0: no speculation)
+        self.spec_max_batch = spec_max_batch  # ... while a step holds at most this many decodes
         self.max_tokens_per_step = max_tokens_per_step
         self.max_running = max_running
         self.flex_aging_steps = flex_aging_steps
@@ -181,6 +196,7 @@ class Scheduler:
         deferred = {r.id for r in decodes if r.rank > best_prefill} if deferring else set()
         decodes = [r for r in decodes if r.id not in deferred]
         self._deferred_last_step = deferring
+        speculating = self.spec_tokens > 0 and len(decodes) <= self.spec_max_batch
         for req in decodes:
             if budget <= 0:
                 break
@@ -192,11 +208,12 @@ class Scheduler:
                 self._preempt(req, plan)
                 continue
             s.ensure_slots(bm, s.num_cached + 1)
-            plan.items.append(ScheduledItem(req, s.num_cached, 1))
+            slots = self._draft_slots(req, budget - 1) if speculating else 0
+            plan.items.append(ScheduledItem(req, s.num_cached, 1, draft_slots=slots))
             self.decodes_scheduled += 1
             req.last_decode = self.decodes_scheduled
             scheduled.add(req.id)
-            budget -= 1
+            budget -= 1 + slots
 
         # 2. prefill chunks: mid-prefill running requests, then the waiting queue
         mid = sorted((r for r in self.running if r.id not in scheduled | deferred and r.session.pending > 0
@@ -240,6 +257,17 @@ class Scheduler:
                           and all(it.rank == FLEX_RANK for it in plan.items))
         self._held_back.append(deferring)
         return plan
+
+    def _draft_slots(self, req: Request, budget: int) -> int:
+        """Room for drafted tokens after a decode: up to ``spec_tokens``, no more than the reply may still take, and
+        only in free blocks (a draft never unpins or preempts anything)."""
+        if not req.speculate:
+            return 0
+        s = req.session
+        slots = min(self.spec_tokens, budget, req.params.max_tokens - len(req.output_ids) - 1)
+        while slots > 0 and not s.ensure_slots(self.blocks, s.num_cached + 1 + slots):
+            slots -= 1
+        return max(0, slots)
 
     def _warm(self, plan: StepPlan, budget: int) -> None:
         bm = self.blocks

@@ -13,6 +13,7 @@ from voicepipe.llm.errors import EngineStoppedError, LLMError, OverloadedError
 from voicepipe.llm.generation import _Event
 from voicepipe.llm.request import Request, State
 from voicepipe.llm.sampling import sample, token_logprobs
+from voicepipe.llm.speculative import accept
 
 log = logging.getLogger("voicepipe.llm.engine")  # the engine's log lines keep its logger name
 
@@ -20,10 +21,10 @@ log = logging.getLogger("voicepipe.llm.engine")  # the engine's log lines keep i
 class StepLoop:
     """LLMEngine's step loop (a mixin).
 
-    Runs on the engine thread, under `_lock` except for the model forward: reads `_running`, `settings`,
-    `end_ids`, `max_context` and `_request_listeners`; reads and writes `scheduler`, `runner`, `blocks`, the
-    sessions of the requests it steps, `_step_abortable`, `counters` and `crashed`. Uses `_warm_next_turn` and
-    `_restore_mark` (`intake.py`)."""
+    Runs on the engine thread, under `_lock` except for the proposals and the model forward: reads `_running`,
+    `settings`, `end_ids`, `max_context`, `proposer` and `_request_listeners`; reads and writes `scheduler`,
+    `runner`, `blocks`, the sessions of the requests it steps, `_step_abortable`, `counters`, `step_times` and
+    `crashed`. Uses `_warm_next_turn` and `_restore_mark` (`intake.py`)."""
 
     def _cancel(self, req: Request) -> None:
         with self._lock:
@@ -57,6 +58,7 @@ class StepLoop:
         torch.set_grad_enabled(False)
         try:
             while True:
+                t_start = time.perf_counter()
                 with self._lock:
                     if not self._running:
                         return
@@ -81,7 +83,8 @@ class StepLoop:
                             self.counters["prompt_tokens"] += st.prompt_tokens
                             self.counters["cached_prompt_tokens"] += item.start
                 try:
-                    tokens, end_probs, logprobs = self._run_step(plan.items)
+                    t_planned = time.perf_counter()
+                    picks, end_probs, logprobs, marks = self._run_step(plan.items)
                 except StepAborted:  # a voice request arrived during a flex-only step: plan again, it goes first
                     with self._lock:
                         self._step_abortable = False
@@ -93,7 +96,8 @@ class StepLoop:
                     continue
                 with self._lock:
                     self._step_abortable = False
-                    self._after_step(plan.items, tokens, end_probs, logprobs)
+                    self._after_step(plan.items, picks, end_probs, logprobs)
+                    self._time_step(plan, (t_start, t_planned, *marks))
         except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
             log.exception("LLM engine thread crashed")
             self.crashed = exc
@@ -102,15 +106,23 @@ class StepLoop:
                 for req in list(self.scheduler.waiting) + list(self.scheduler.running):
                     self._finish(req, "error", EngineStoppedError(f"the LLM engine crashed: {exc}"))
 
-    def _run_step(self, items) -> tuple[list[int], list[float], list | None]:
-        """The model forward over `items`, then sampling: the sampled tokens, the end probes' values and the
-        sampled tokens' logprobs (None when no request asked for them)."""
+    def _run_step(self, items) -> tuple[list, list[float], list | None, tuple[float, ...]]:
+        """Drafts for the speculating items, the model forward over `items`, then the picks: each sampling item's
+        tokens and accepted drafts (`_pick`), the end probes' values, the sampled tokens' logprobs (None when no
+        request asked for them) and the phases' times (proposed, forwarded, mirrored, sampled)."""
+        if self.proposer is not None:
+            self.proposer.propose(items)
+        proposed = time.perf_counter()
         logits = self.runner.forward(items)
+        forwarded = time.perf_counter()
+        if self.proposer is not None:
+            self.proposer.mirror(items)
+        mirrored = time.perf_counter()
         sampled = [it for it in items if it.samples]
-        tokens = sample(logits[:len(sampled)], [it.request.params for it in sampled],
-                        [it.request.generator for it in sampled]) if sampled else []
-        end_probs = self._end_probs(logits[len(sampled):]) if logits is not None else []
-        return tokens, end_probs, _logprobs(logits, tokens, sampled)
+        picks, n_rows = self._pick(logits, sampled)
+        end_probs = self._end_probs(logits[n_rows:]) if logits is not None else []
+        logprobs = _logprobs(logits, picks, sampled)
+        return picks, end_probs, logprobs, (proposed, forwarded, mirrored, time.perf_counter())
 
     def _isolate_failure(self, items, exc: Exception) -> None:
         """A failed step of several requests runs again one request at a time (the items are independent, and
@@ -126,14 +138,14 @@ class StepLoop:
             return
         for item in requests:
             try:
-                tokens, end_probs, logprobs = self._run_step([item])
+                picks, end_probs, logprobs, _ = self._run_step([item])
             except Exception as alone:
                 log.error("LLM step failed for request %s alone: %s", item.request.id, alone)
                 self._fail_items([item], alone)
                 continue
             with self._lock:
                 if item.request.state is not State.FINISHED:
-                    self._after_step([item], tokens, end_probs, logprobs)
+                    self._after_step([item], picks, end_probs, logprobs)
 
     def _fail_items(self, items, exc: Exception) -> None:
         with self._lock:
@@ -141,6 +153,29 @@ class StepLoop:
                 if item.request.state is not State.FINISHED:
                     item.session.drop_kv(self.blocks)
                     self._finish(item.request, "error", LLMError(f"the model step failed: {exc}"))
+
+    def _time_step(self, plan, marks: tuple[float, ...]) -> None:
+        """Add the step's phases to ``step_times`` (seconds; see ``step_profile``)."""
+        start, planned, proposed, forwarded, mirrored, sampled = marks
+        times = self.step_times
+        inputs = self.runner.last_inputs_s
+        times["steps"] += 1
+        times["decode_rows"] += sum(1 for item in plan.items if item.samples)
+        times["schedule"] += planned - start
+        times["propose"] += (proposed - planned) + (mirrored - forwarded)
+        times["inputs"] += inputs
+        times["forward"] += forwarded - proposed - inputs
+        times["sample"] += sampled - mirrored
+        times["bookkeeping"] += time.perf_counter() - sampled
+
+    def step_profile(self) -> dict[str, float]:
+        """Where the engine's steps spent their time so far: seconds per phase, summed over ``steps`` steps.
+        ``schedule``: reaping and planning under the lock; ``propose``: drafting (and a draft model's mirror
+        forward); ``inputs``: building the step's input tensors and layout (the host-to-device copies off the CPU);
+        ``forward``: the model; ``sample``: picking tokens (the device-to-host copy of the picks off the CPU: on a
+        GPU the forward's kernels finish there); ``bookkeeping``: committing K/V, appending tokens, events."""
+        with self._lock:
+            return dict(self.step_times)
 
     def _reap(self) -> None:
         """Cancelled and expired requests leave before the next step is planned."""
@@ -161,10 +196,34 @@ class StepLoop:
 
         return torch.softmax(probe_logits, dim=-1)[:, self.end_ids].sum(dim=-1).tolist()
 
-    def _after_step(self, items, tokens: list[int], end_probs: list[float], logprobs: list | None = None) -> None:
+    @staticmethod
+    def _pick(logits, sampled) -> tuple[list[tuple[list[int], int]], int]:
+        """Each sampling item's tokens to emit and how many of its drafted tokens were accepted (speculative.py),
+        and the logit rows they used. One argmax over every row and one copy to the host serve the greedy rows and
+        the drafts; only sampled or constrained requests go through ``sample`` row by row."""
+        n_rows = sum(1 + len(item.draft) for item in sampled)
+        if not n_rows:
+            return [], 0
+        best = logits[:n_rows].argmax(dim=-1).tolist()
+        picks: list = []
+        row = 0
+        for item in sampled:
+            params = item.request.params
+            if item.draft:
+                picks.append(accept(item.draft, best[row:row + 1 + len(item.draft)]))
+            elif params.greedy and params.constraint is None:
+                picks.append(([best[row]], 0))
+            else:
+                picks.append((sample(logits[row:row + 1], [params], [item.request.generator]), 0))
+            row += 1 + len(item.draft)
+        return picks, n_rows
+
+    def _after_step(self, items, picks: list[tuple[list[int], int]], end_probs: list[float],
+                    logprobs: list | None = None) -> None:
         self.counters["steps"] += 1
         now = time.monotonic()
-        k = 0
+        picked = iter(picks)
+        picked_logprobs = iter(logprobs or [])
         probes = iter(end_probs)
         for item in items:
             req, s = item.request, item.session
@@ -179,28 +238,45 @@ class StepLoop:
                     s.commit(self.blocks, item.n_tokens)
                     self.counters["warmed_tokens"] += item.n_tokens
                 continue
+            pick = next(picked) if item.samples else None
+            token_logprob = next(picked_logprobs, None) if item.samples else None
             if req.state is State.FINISHED:  # cancelled while the step ran (close_session): already settled
                 continue
-            s.commit(self.blocks, item.n_tokens)
-            if not item.samples:
+            own = item.n_tokens - len(item.draft)
+            if pick is None:
+                s.commit(self.blocks, own)
                 continue
-            token = tokens[k]
-            k += 1
-            produced = [token, *self._forced_after(req, token)]
+            tokens, accepted = pick
+            kept = self._kept(req, s, tokens)
+            s.commit(self.blocks, own + len(kept) - 1)  # with the accepted drafts kept; the last token is pending
+            produced = kept + self._forced_after(req, kept[-1])  # a constrained request drafts nothing
+            s.ids.extend(produced)
+            req.output_ids.extend(produced)
             st = req.stats
-            for t in produced:
-                s.ids.append(t)
-                req.output_ids.append(t)
-                st.output_tokens += 1
-                st.token_times.append(now)
+            st.output_tokens += len(produced)
+            st.token_times.extend([now] * len(produced))
             if st.first_token is None:
                 st.first_token = now
-            sampled_logprobs = None if logprobs is None else [logprobs[k - 1], *[(0.0, [])] * (len(produced) - 1)]
-            self._emit(req, _Event("tokens", produced, now, logprobs=sampled_logprobs))  # forced tokens: certain
+            if item.draft:
+                st.draft_tokens += len(item.draft)
+                st.accepted_tokens += accepted
+                self.counters["draft_tokens"] += len(item.draft)
+                self.counters["accepted_tokens"] += accepted
+            # forced tokens are certain; a request asking for logprobs drafts nothing (`Request.speculate`)
+            sampled_logprobs = None if logprobs is None else [token_logprob, *[(0.0, [])] * (len(produced) - 1)]
+            self._emit(req, _Event("tokens", produced, now, logprobs=sampled_logprobs))
             if produced[-1] in req.stop_ids:
                 self._finish(req, "stop")
             elif len(req.output_ids) >= req.params.max_tokens or len(s.ids) >= self.max_context:
                 self._finish(req, "length")
+
+    def _kept(self, req: Request, s, tokens: list[int]) -> list[int]:
+        """``tokens`` up to the first that ends the request (a stop token, max_tokens, the context)."""
+        tokens = tokens[:min(req.params.max_tokens - len(req.output_ids), self.max_context - len(s.ids))]
+        for i, token in enumerate(tokens):
+            if token in req.stop_ids:
+                return tokens[:i + 1]
+        return tokens
 
     def _forced_after(self, req: Request, token: int) -> list[int]:
         """What a constrained request's grammar forces after `token`, within its budget and up to a stop token:
@@ -289,9 +365,14 @@ class StepLoop:
             }
 
 
-def _logprobs(logits, tokens: list[int], sampled) -> list | None:
-    """The sampled rows' logprobs for the requests that asked (`SamplingParams.logprobs`); None when none did."""
+def _logprobs(logits, picks: list[tuple[list[int], int]], sampled) -> list | None:
+    """The sampled rows' logprobs for the requests that asked (`SamplingParams.logprobs`); None when none did. Such
+    a request drafts nothing, so its row is the first of its item's and its token the first of its pick."""
     params = [it.request.params for it in sampled]
     if all(p.logprobs is None for p in params):
         return None
-    return token_logprobs(logits[:len(sampled)], tokens, params)
+    rows, row = [], 0
+    for item in sampled:
+        rows.append(row)
+        row += 1 + len(item.draft)
+    return token_logprobs(logits[rows], [tokens[0] for tokens, _ in picks], params)

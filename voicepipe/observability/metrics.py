@@ -56,6 +56,8 @@ END_OF_TURN_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
 # A tool call: a built-in takes microseconds, a webhook tens of ms to its timeout (calls.webhook_tools[].timeout_s).
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
+ACCEPTANCE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
 TURN_BUCKETS = ((1, "1"), (5, "2-5"), (15, "6-15"), (30, "16-30"))
 LAST_TURN_BUCKET = "31+"
 
@@ -105,6 +107,9 @@ class Metrics:
                              "first.", labels, buckets=ITL_BUCKETS, registry=self.registry)
         self.queue = Histogram("voicepipe_llm_queue_seconds", "LLM queue time: arrival in the engine to the first "
                                "scheduled step.", labels, buckets=QUEUE_BUCKETS, registry=self.registry)
+        self.acceptance = Histogram("voicepipe_llm_spec_acceptance_ratio", "Speculative decoding: the share of a "
+                                    "request's drafted tokens the model accepted, one sample per request that drafted.",
+                                    labels, buckets=ACCEPTANCE_BUCKETS, registry=self.registry)
         self.requests = Counter("voicepipe_llm_requests", "LLM requests ended, by finish reason (stop, length, "
                                 "cancelled, error).", [*labels, "reason"], registry=self.registry)
         self.end_of_turn_wait = Histogram("voicepipe_end_of_turn_wait_seconds", "The caller's silence when the "
@@ -156,6 +161,8 @@ class Metrics:
         itl = self.itl.labels(tier, transport)
         for gap in stats.itls:
             itl.observe(gap)
+        if stats.acceptance_rate is not None:
+            self.acceptance.labels(tier, transport).observe(stats.acceptance_rate)
 
     # -- CallObserver (the event loop: be quick) -------------------------------------------------------------------
     def call_started(self, call: CallRecord) -> None:

@@ -29,6 +29,8 @@ ENGINE_COUNTERS = {
     "compactions": ("voicepipe_llm_compactions", "Sessions compacted to fit the context budget."),
     "unpinned_sessions": ("voicepipe_llm_sessions_unpinned", "Idle sessions unpinned under memory pressure."),
     "output_tokens": ("voicepipe_llm_output_tokens", "Tokens generated."),
+    "draft_tokens": ("voicepipe_llm_spec_draft_tokens", "Speculative decoding: drafted tokens verified."),
+    "accepted_tokens": ("voicepipe_llm_spec_accepted_tokens", "Speculative decoding: drafted tokens accepted."),
 }
 ERROR_KINDS = {  # kind -> where it comes from
     "engine": "an LLM request failed in the engine (a failed model step, the engine stopped)",
