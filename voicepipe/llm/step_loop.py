@@ -248,9 +248,11 @@ class StepLoop:
                 continue
             tokens, accepted = pick
             kept = self._kept(req, s, tokens)
+            forced = self._forced_after(req, kept[-1])  # a constrained request drafts nothing: kept is one token
+            s.ids.extend(kept)
             s.commit(self.blocks, own + len(kept) - 1)  # with the accepted drafts kept; the last token is pending
-            produced = kept + self._forced_after(req, kept[-1])  # a constrained request drafts nothing
-            s.ids.extend(produced)
+            s.ids.extend(forced)
+            produced = kept + forced
             req.output_ids.extend(produced)
             st = req.stats
             st.output_tokens += len(produced)
@@ -353,6 +355,9 @@ class StepLoop:
                 "capacity_tokens": self.capacity_tokens,
                 "kv_bytes_per_token": self.runner.bytes_per_token,
                 "prefix_hit_rate": (self.counters["cached_prompt_tokens"] / prompt) if prompt else 0.0,
+                "spec_acceptance_rate": (self.counters["accepted_tokens"] / self.counters["draft_tokens"]
+                                         if self.counters["draft_tokens"] else 0.0),
+                "weights": self.weights.format,
                 "block_hit_rate": (bm.hit_blocks / bm.lookup_blocks) if bm.lookup_blocks else 0.0,
                 "preemptions": self.scheduler.preemptions,
                 "aborted_steps": self.scheduler.aborted_steps,
