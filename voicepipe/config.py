@@ -227,6 +227,7 @@ class WebhookTool(Section):
 
 
 BUILTIN_TOOLS = ("end_call", "transfer_call", "send_dtmf")
+BuiltinTool = Literal["end_call", "transfer_call", "send_dtmf"]
 
 
 class CallSettings(Section):
@@ -287,7 +288,7 @@ class CallSettings(Section):
     # transfer_call: to transfer_target or where the model says, via the native protocol's event and
     # transfer_webhook; send_dtmf: where the transport can send digits) and webhook tools of your own. None by
     # default: the tools' description lengthens every call's prompt.
-    tools: list[Literal["end_call", "transfer_call", "send_dtmf"]] = Field(default_factory=list)
+    tools: list[BuiltinTool] = Field(default_factory=list)
     webhook_tools: list[WebhookTool] = Field(default_factory=list)
     # "auto" (the model decides; a small model seldom calls), "required" (every reply starts with a call), "none",
     # or a tool's name (every reply calls it); after a call the reply goes on under "auto" (if it was) or "none"
@@ -309,9 +310,13 @@ class CallSettings(Section):
         clash = sorted({n for n in names if n in BUILTIN_TOOLS or names.count(n) > 1})
         if clash:
             raise ValueError(f"webhook tool names must be unique and not a built-in's: {', '.join(clash)}")
-        if self.tool_choice not in ("auto", "required", "none", *self.tools, *names):
-            raise ValueError(f"tool_choice {self.tool_choice!r} is not auto, required, none or one of the tools")
+        check_tool_choice(self.tool_choice, [*self.tools, *names])
         return self
+
+
+def check_tool_choice(choice: str, tools: list[str]) -> None:
+    if choice not in ("auto", "required", "none", *tools):
+        raise ValueError(f"tool_choice {choice!r} is not auto, required, none or one of the tools")
 
 
 class SipAgent(Section):
@@ -320,6 +325,13 @@ class SipAgent(Section):
 
     system_prompt: str | None = None
     greeting: str | None = None  # "": no greeting
+    tools: list[BuiltinTool] | None = None  # e.g. a front desk that transfers (`calls.webhook_tools` still apply)
+    tool_choice: str | None = None
+    transfer_target: str | None = None  # over SIP, transfer_call sends the phone a REFER to it
+
+    def overrides(self) -> dict[str, Any]:
+        """The `calls` fields this agent sets."""
+        return {key: value for key, value in self.model_dump(exclude_none=True).items()}
 
 
 class SipSettings(Section):
@@ -373,9 +385,17 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _tools_need_the_local_engine(self) -> Settings:
-        if self.llm.backend != "local" and (self.calls.tools or self.calls.webhook_tools):
-            raise ValueError("calls.tools and calls.webhook_tools need the in-process engine (llm.backend = "
-                             "\"local\"): a remote backend's tool calls are not read yet")
+        agent_tools = any(agent.tools for agent in self.sip.agents.values())
+        if self.llm.backend != "local" and (self.calls.tools or self.calls.webhook_tools or agent_tools):
+            raise ValueError("calls.tools, calls.webhook_tools and sip.agents' tools need the in-process engine "
+                             "(llm.backend = \"local\"): a remote backend's tool calls are not read yet")
+        webhooks = [tool.name for tool in self.calls.webhook_tools]
+        for name, agent in self.sip.agents.items():
+            tools = self.calls.tools if agent.tools is None else agent.tools
+            try:
+                check_tool_choice(agent.tool_choice or self.calls.tool_choice, [*tools, *webhooks])
+            except ValueError as exc:
+                raise ValueError(f"sip.agents.{name}: {exc}") from None
         return self
 
     @classmethod

@@ -3,7 +3,7 @@ the SIP web phone in headless Chromium on JsSIP (the page as served) and on SIP.
 as its engine), both through one scenario; and a Python SIP client for the protocol's edge cases.
 
 One server serves the module: digest auth on (user alice), a short idle timeout so that the agent hangs up a
-quiet call within seconds, and short replies.
+quiet call within seconds, short replies, and an agent `desk` whose every reply transfers the caller to `sales`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ SIPJS_DIR = Path(__file__).resolve().parents[1] / "browser" / "sipjs"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    desk = {"greeting": "", "tools": ["transfer_call"], "tool_choice": "transfer_call", "transfer_target": "sales"}
     settings = call_settings(tmp_path_factory.mktemp("sip-server"), calls={"idle_timeout_s": IDLE_TIMEOUT_S},
-                             sip={"users": {USER: PASSWORD}, "max_calls": 3})
+                             sip={"users": {USER: PASSWORD}, "max_calls": 3,
+                                  "agents": {"agent": {}, "desk": desk}})  # the web phone dials the first
     with in_process_server(settings) as (base, app):
         yield base, app
 
@@ -351,6 +353,35 @@ def test_a_call_from_the_python_client_keys_by_info_and_bad_input_alongside(serv
     assert phone.setup_ms is not None and phone.close_code == 1000
     wait_until(lambda: phone.call_id not in app.state.calls.active, 10, "the call to end")
     assert app.state.calls.get(phone.call_id).end_reason == "hangup"
+
+
+def test_the_agent_transfers_a_sip_call_with_a_refer_then_hangs_up(server) -> None:
+    """The desk agent answers a keypad entry by calling transfer_call: once its words have played the phone gets a
+    REFER to the target (a blind transfer), then the BYE that says why, and the call ends as transferred."""
+    base, app = server
+
+    async def call() -> SipPeerClient:
+        async with SipPeerClient(base, new_branch(), {"user": USER, "password": PASSWORD, "to": "desk"}) as phone:
+            wait = time.monotonic() + 15
+            while phone.call_id not in app.state.calls.active and time.monotonic() < wait:
+                await asyncio.sleep(0.05)
+            for digit in "1#":
+                assert (await phone.send_dtmf(digit)).status == 200
+            await asyncio.wait_for(phone._closed.wait(), 120)
+        return phone
+
+    phone = asyncio.run(call())
+    sent = [r for r in phone.received_requests if r.method != "ACK"]
+    assert [r.method for r in sent] == ["REFER", "BYE"], [r.method for r in sent]
+    refer, bye = sent
+    assert re.fullmatch(r"<sip:sales@[^>]+>", refer.get("Refer-To") or ""), refer.get("Refer-To")
+    assert "sip:desk@" in (refer.get("Referred-By") or "")
+    assert refer.call_id == bye.call_id == phone.call_id and refer.to_tag == phone.local_tag
+    assert (refer.cseq[0] + 1, "BYE") == bye.cseq
+    assert bye.get("Reason") == 'Q.850;cause=16;text="transferred"'
+    wait_until(lambda: phone.call_id not in app.state.calls.active, 10, "the call to end")
+    record = app.state.calls.get(phone.call_id)
+    assert record.end_reason == "transferred" and record.turns[0].tool_calls[0]["name"] == "transfer_call"
 
 
 def test_a_wrong_password_gets_no_call(server) -> None:

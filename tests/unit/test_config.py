@@ -127,3 +127,16 @@ def test_a_webhook_tool_from_toml_with_its_secret_header(tmp_path):
     assert tool.parameters == {"type": "object", "properties": {}} and tool.timeout_s == 5.0
     shown = json.loads(run_cli("--config", str(config), "config", "show").stdout)
     assert shown["calls"]["webhook_tools"][0]["headers"] == {"authorization": "**********"}
+
+
+def test_a_sip_agent_sets_its_own_tools_and_they_are_checked_like_the_calls_ones() -> None:
+    desk = {"tools": ["transfer_call"], "tool_choice": "transfer_call", "transfer_target": "sales"}
+    settings = load_settings(overrides={"sip": {"agents": {"desk": desk, "plain": {}}}})
+    assert settings.sip.agents["desk"].overrides() == desk and settings.sip.agents["plain"].overrides() == {}
+    with pytest.raises(SettingsError, match="sip.agents.desk: tool_choice 'end_call'"):
+        load_settings(overrides={"sip": {"agents": {"desk": {"tools": ["transfer_call"], "tool_choice": "end_call"}}}})
+    with pytest.raises(SettingsError, match="sip.agents.desk: tool_choice 'transfer_call'"):
+        load_settings(overrides={"sip": {"agents": {"desk": {"tool_choice": "transfer_call"}}}})  # no calls.tools
+    with pytest.raises(SettingsError, match="in-process engine"):
+        load_settings(overrides={"llm": {"backend": "openai", "base_url": "http://llm:8080/v1"},
+                                 "sip": {"agents": {"desk": {"tools": ["end_call"]}}}})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from voicepipe.transports.sip.dialog import transfer_uri
 from voicepipe.transports.sip.digest import DigestServer, authorization, parse_digest
 from voicepipe.transports.sip.dtmf import BadDtmf, info_digit
 from voicepipe.transports.sip.message import (
@@ -259,3 +260,16 @@ def test_a_reason_phrase_stays_on_its_line() -> None:
     text = response_to(request, 488, "Not Acceptable Here (line one\r\nInjected: yes)").serialize()
     assert text.startswith("SIP/2.0 488 Not Acceptable Here (line one Injected: yes)\r\n")
     assert parse(text, MAX).get("Injected") is None
+
+
+@pytest.mark.parametrize(("target", "uri"), [
+    ("sales", "sip:sales@pbx.example"),
+    ("billing department", "sip:billing-department@pbx.example"),
+    ("+1 (555) 010-0100", "sip:+15550100100@pbx.example"),
+    ("sip:bob@example.com", "sip:bob@example.com"),
+    ("sips:desk@example.com;transport=ws", "sips:desk@example.com;transport=ws"),
+    ("sip:x@y>\r\nEvil: 1", "sip:sip-x-y-Evil-1@pbx.example"),  # the model's words never break the header
+    ("  ", "sip:operator@pbx.example"),
+])
+def test_a_transfer_target_becomes_the_refers_uri(target, uri) -> None:
+    assert transfer_uri(target, "pbx.example") == uri

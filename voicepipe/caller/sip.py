@@ -190,7 +190,8 @@ class SipPeerClient(PeerClient):
         self.received_requests.append(message)
         if message.method == "ACK":
             return
-        await self._send(response_to(message, 200 if message.method in ("BYE", "OPTIONS", "INFO") else 405))
+        status = {"BYE": 200, "OPTIONS": 200, "INFO": 200, "REFER": 202}.get(message.method, 405)
+        await self._send(response_to(message, status))  # a REFER is accepted, not followed: the test reads it
         if message.method == "BYE":
             reason = message.get("Reason") or ""
             text = reason.partition('text="')[2].rstrip('"') or "bye"

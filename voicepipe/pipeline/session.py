@@ -125,6 +125,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self._tasks: set[asyncio.Task] = set()
         self.closed = False
         self.end_reason: str | None = None
+        self.transfer_target: str | None = None  # where the agent transferred the caller (transfer_call)
         self.ended = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ class ToolCalls:
         self.ended.set()
 
     async def _transfer(self, target: str) -> None:
+        self.transfer_target = target  # a SIP dialog REFERs the phone to it as the call ends
         self.note("transfer", target=target)
         self._emit("transfer", {"target": target})
         url = self.cfg.transfer_webhook

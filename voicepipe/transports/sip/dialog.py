@@ -32,6 +32,7 @@ from voicepipe.transports.sip.message import (
     parse_address,
     parse_count,
     parse_params,
+    parse_uri,
     response_to,
 )
 from voicepipe.transports.sip.transactions import LINGER_S, T1_S, ServerTransaction, new_branch
@@ -291,27 +292,51 @@ class SipCall:
 
     def _call_ended(self, conn: Connection) -> None:
         """The call is over: a BYE to the phone unless it hung up (sent before the peer connection closes, so the
-        phone hears why before its media stops)."""
+        phone hears why before its media stops); after a REFER when the agent transferred the caller."""
         self._stop_timers()
         if not self.ended_by_phone and self.state in ("answered", "confirmed"):
+            if conn.call is not None and conn.call.transfer_target:
+                self._send_refer(conn.call.transfer_target)
             reason = conn.call.end_reason if conn.call is not None else "ended"
             self._send_bye(reason or "ended")
         self.state = "ended"
 
+    def _send_refer(self, target: str) -> None:
+        """A blind transfer (RFC 3515, RFC 5589 6): the phone calls `target`; this side hangs up right after."""
+        refer_to = transfer_uri(target, self.settings.sip.domain or self.flow.host)
+        log.info("%s: sending REFER to %s", self.label, refer_to)
+        self._send_in_dialog("REFER", [("Refer-To", f"<{refer_to}>"), ("Referred-By", self.local_address)])
+
     def _send_bye(self, reason: str) -> None:
         """The call ended on this side: tell the phone (RFC 3261 15.1.1), with why (RFC 3326)."""
+        text = reason.replace('"', "'")[:100]
+        log.info("%s: sending BYE (%s)", self.label, reason)
+        self._send_in_dialog("BYE", [("Reason", f'Q.850;cause=16;text="{text}"')])
+
+    def _send_in_dialog(self, method: str, headers: list[tuple[str, str]]) -> None:
         if self.flow.closed:
             return
         self.local_cseq += 1
-        text = reason.replace('"', "'")[:100]
-        headers = [("Via", self.flow.via(new_branch())), ("Max-Forwards", "70"), ("From", self.local_address),
-                   ("To", self.remote_address), ("Call-ID", self.invite.call_id), ("CSeq", f"{self.local_cseq} BYE"),
-                   *[("Route", route) for route in self.route_set],
-                   ("Reason", f'Q.850;cause=16;text="{text}"')]
-        log.info("%s: sending BYE (%s)", self.label, reason)
-        self.flow.send(Request(headers=headers, method="BYE", uri=self.remote_target))
+        head = [("Via", self.flow.via(new_branch())), ("Max-Forwards", "70"), ("From", self.local_address),
+                ("To", self.remote_address), ("Call-ID", self.invite.call_id), ("CSeq", f"{self.local_cseq} {method}"),
+                *[("Route", route) for route in self.route_set]]
+        self.flow.send(Request(headers=head + headers, method=method, uri=self.remote_target))
 
     def _stop_timers(self) -> None:
         for handle in (self._ack_wait, self._session_wait):
             if handle is not None:
                 handle.cancel()
+
+
+def transfer_uri(target: str, host: str) -> str:
+    """The SIP URI of a transfer target: a sip: or sips: URI as it is, else a user part at `host`: a phone number's
+    digits, or a name such as "billing department" with its other characters as "-"."""
+    target = target.strip()
+    uri = parse_uri(target)
+    if uri is not None and uri.scheme in ("sip", "sips") and not set(target) & set("<>\r\n"):
+        return target
+    if re.fullmatch(r"\+?[\d\s().-]+", target):  # a phone number as said: "+1 (555) 010-0100"
+        user = re.sub(r"[^\d+]", "", target)
+    else:
+        user = re.sub(r"[^A-Za-z0-9+._-]+", "-", target).strip("-") or "operator"
+    return f"sip:{user}@{host}"

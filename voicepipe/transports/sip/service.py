@@ -38,9 +38,7 @@ class SipService:
         self._agents = {name: self._agent_settings(agent) for name, agent in sip.agents.items()}
 
     def _agent_settings(self, agent) -> Any:
-        overrides = {key: value for key, value in (("system_prompt", agent.system_prompt),
-                                                   ("greeting", agent.greeting)) if value is not None}
-        calls = self.settings.calls.model_copy(update=overrides)
+        calls = self.settings.calls.model_copy(update=agent.overrides())  # checked with the settings (config.py)
         return self.settings.model_copy(update={"calls": calls})
 
     def call_settings(self, agent: str) -> Any:
