@@ -213,8 +213,11 @@ def _probe_cost(engine, repeats: int = 50) -> list[float]:
     spoke, the tokens after the probe's row are computed again too: a few tokens of that prefill.)"""
     import torch
 
-    head = engine.runner.model.get_output_embeddings()
-    hidden = torch.randn(2, head.weight.shape[1], dtype=engine.runner.dtype, device=engine.runner.device)
+    runner = engine.runner
+    # the output projection the engine runs: its decoder's (in the chosen weight format), else the model's own
+    head = runner.decoder.lm_head if runner.decoder is not None else runner.model.get_output_embeddings()
+    width = runner.model.get_output_embeddings().weight.shape[1]
+    hidden = torch.randn(2, width, dtype=runner.dtype, device=runner.device)
     out = []
     with torch.inference_mode():
         for _ in range(repeats):
