@@ -138,15 +138,16 @@ def test_a_recorded_call_becomes_a_case_that_replays_green(suite, server, record
 
 
 def test_a_too_short_end_of_turn_is_reopened_and_the_long_pause_stays_one_turn(suite, tmp_path: Path) -> None:
-    """The old fixed rule cut at 100 ms ends the turn inside the case's half-second pause; the caller goes on
-    before any of the reply was sent, so the turn is reopened: still one turn, with its words, and the report
-    shows the reopen.
+    """A too-short fixed silence (300 ms) ends the turn inside the case's half-second pause; the caller goes on
+    before any of the reply was sent, so the turn is reopened: still one turn, with its words, and the report shows
+    the reopen.
 
-    The reply starts at the decision, not during the pause (no preemptive generation), and a 32 ms speech start
-    holds the agent's audio: an early reply made during the pause was ready about when the default 96 ms speech
-    start held it, so on a quiet machine its first audio sometimes went out first and the turn was a barge-in."""
+    The cut comes ~70 ms before the caller resumes (the VAD's samples fix it), the reply starts only then (no
+    preemptive generation) and a 32 ms speech start holds the agent's audio, so the reply (300 ms or more to its
+    first audio on these CPUs) is held before any of it is sent. With a 100 ms cut, or an early reply made during
+    the pause, the faster engine's first audio sometimes went out first and the turn was a barge-in."""
     case = copy_case(suite[[p.name for p in suite].index("long_pause")], tmp_path / "long_pause")
-    too_short = set_args("turn.policy=silence", "vad.end_of_turn_silence_ms=100",
+    too_short = set_args("turn.policy=silence", "vad.end_of_turn_silence_ms=300",
                          "calls.preemptive_generation=false", "vad.min_speech_ms=32")
     proc = run_cli(*too_short, "replay", str(case), "--report-dir", str(tmp_path / "report"), timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
