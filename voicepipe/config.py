@@ -331,7 +331,7 @@ class SipAgent(Section):
 
     def overrides(self) -> dict[str, Any]:
         """The `calls` fields this agent sets."""
-        return {key: value for key, value in self.model_dump(exclude_none=True).items()}
+        return self.model_dump(exclude_none=True)
 
 
 class SipSettings(Section):

@@ -118,10 +118,8 @@ class StepLoop:
         if self.proposer is not None:
             self.proposer.mirror(items)
         mirrored = time.perf_counter()
-        sampled = [it for it in items if it.samples]
-        picks, n_rows = self._pick(logits, sampled)
+        picks, n_rows, logprobs = self._pick(logits, [it for it in items if it.samples])
         end_probs = self._end_probs(logits[n_rows:]) if logits is not None else []
-        logprobs = _logprobs(logits, picks, sampled)
         return picks, end_probs, logprobs, (proposed, forwarded, mirrored, time.perf_counter())
 
     def _isolate_failure(self, items, exc: Exception) -> None:
@@ -197,15 +195,17 @@ class StepLoop:
         return torch.softmax(probe_logits, dim=-1)[:, self.end_ids].sum(dim=-1).tolist()
 
     @staticmethod
-    def _pick(logits, sampled) -> tuple[list[tuple[list[int], int]], int]:
+    def _pick(logits, sampled) -> tuple[list[tuple[list[int], int]], int, list | None]:
         """Each sampling item's tokens to emit and how many of its drafted tokens were accepted (speculative.py),
-        and the logit rows they used. One argmax over every row and one copy to the host serve the greedy rows and
-        the drafts; only sampled or constrained requests go through ``sample`` row by row."""
+        the logit rows they used, and the picked tokens' logprobs for the requests that asked
+        (`SamplingParams.logprobs`; None when none did). One argmax over every row and one copy to the host serve
+        the greedy rows and the drafts; only sampled or constrained requests go through ``sample`` row by row."""
         n_rows = sum(1 + len(item.draft) for item in sampled)
         if not n_rows:
-            return [], 0
+            return [], 0, None
         best = logits[:n_rows].argmax(dim=-1).tolist()
         picks: list = []
+        firsts: list[int] = []  # each item's first row
         row = 0
         for item in sampled:
             params = item.request.params
@@ -215,8 +215,13 @@ class StepLoop:
                 picks.append(([best[row]], 0))
             else:
                 picks.append((sample(logits[row:row + 1], [params], [item.request.generator]), 0))
+            firsts.append(row)
             row += 1 + len(item.draft)
-        return picks, n_rows
+        params = [item.request.params for item in sampled]
+        if all(p.logprobs is None for p in params):
+            return picks, n_rows, None
+        # a request asking for logprobs drafts nothing (`Request.speculate`): its pick's first token is its row's
+        return picks, n_rows, token_logprobs(logits[firsts], [tokens[0] for tokens, _ in picks], params)
 
     def _after_step(self, items, picks: list[tuple[list[int], int]], end_probs: list[float],
                     logprobs: list | None = None) -> None:
@@ -247,7 +252,7 @@ class StepLoop:
                 s.commit(self.blocks, own)
                 continue
             tokens, accepted = pick
-            kept = self._kept(req, s, tokens)
+            kept = self._kept(req, tokens)
             forced = self._forced_after(req, kept[-1])  # a constrained request drafts nothing: kept is one token
             s.ids.extend(kept)
             s.commit(self.blocks, own + len(kept) - 1)  # with the accepted drafts kept; the last token is pending
@@ -264,7 +269,7 @@ class StepLoop:
                 st.accepted_tokens += accepted
                 self.counters["draft_tokens"] += len(item.draft)
                 self.counters["accepted_tokens"] += accepted
-            # forced tokens are certain; a request asking for logprobs drafts nothing (`Request.speculate`)
+            # forced tokens are certain
             sampled_logprobs = None if logprobs is None else [token_logprob, *[(0.0, [])] * (len(produced) - 1)]
             self._emit(req, _Event("tokens", produced, now, logprobs=sampled_logprobs))
             if produced[-1] in req.stop_ids:
@@ -272,9 +277,13 @@ class StepLoop:
             elif len(req.output_ids) >= req.params.max_tokens or len(s.ids) >= self.max_context:
                 self._finish(req, "length")
 
-    def _kept(self, req: Request, s, tokens: list[int]) -> list[int]:
+    def _room(self, req: Request) -> int:
+        """How many more tokens the request may append: its max_tokens, the context."""
+        return min(req.params.max_tokens - len(req.output_ids), self.max_context - len(req.session.ids))
+
+    def _kept(self, req: Request, tokens: list[int]) -> list[int]:
         """``tokens`` up to the first that ends the request (a stop token, max_tokens, the context)."""
-        tokens = tokens[:min(req.params.max_tokens - len(req.output_ids), self.max_context - len(s.ids))]
+        tokens = tokens[:self._room(req)]
         for i, token in enumerate(tokens):
             if token in req.stop_ids:
                 return tokens[:i + 1]
@@ -286,9 +295,8 @@ class StepLoop:
         constraint = req.params.constraint
         if constraint is None or token in req.stop_ids or not hasattr(constraint, "forced"):
             return []
-        room = min(req.params.max_tokens - len(req.output_ids), self.max_context - len(req.session.ids)) - 1
         forced = []
-        for t in constraint.forced()[:max(0, room)]:
+        for t in constraint.forced()[:max(0, self._room(req) - 1)]:  # `token` is not appended yet
             constraint.accept(t)
             forced.append(t)
             if t in req.stop_ids:
@@ -369,15 +377,3 @@ class StepLoop:
                 "sessions_pinned": sum(1 for s in self._sessions.values() if s.block_table),
             }
 
-
-def _logprobs(logits, picks: list[tuple[list[int], int]], sampled) -> list | None:
-    """The sampled rows' logprobs for the requests that asked (`SamplingParams.logprobs`); None when none did. Such
-    a request drafts nothing, so its row is the first of its item's and its token the first of its pick."""
-    params = [it.request.params for it in sampled]
-    if all(p.logprobs is None for p in params):
-        return None
-    rows, row = [], 0
-    for item in sampled:
-        rows.append(row)
-        row += 1 + len(item.draft)
-    return token_logprobs(logits[rows], [tokens[0] for tokens, _ in picks], params)

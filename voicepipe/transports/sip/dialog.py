@@ -303,7 +303,7 @@ class SipCall:
 
     def _send_refer(self, target: str) -> None:
         """A blind transfer (RFC 3515, RFC 5589 6): the phone calls `target`; this side hangs up right after."""
-        refer_to = transfer_uri(target, self.settings.sip.domain or self.flow.host)
+        refer_to = transfer_uri(target, self.flow.domain)
         log.info("%s: sending REFER to %s", self.label, refer_to)
         self._send_in_dialog("REFER", [("Refer-To", f"<{refer_to}>"), ("Referred-By", self.local_address)])
 

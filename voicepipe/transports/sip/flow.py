@@ -106,9 +106,13 @@ class SipFlow:
     def via(self, branch: str) -> str:
         return f"SIP/2.0/{self.transport} {self.host};branch={branch}"
 
+    @property
+    def domain(self) -> str:
+        """The host of voicepipe's own SIP URIs: `sip.domain`, else the host the phone connected to."""
+        return self.settings.sip.domain or self.host
+
     def contact(self, user: str) -> str:
-        host = self.settings.sip.domain or self.host
-        return f"<sip:{user}@{host};transport={self.transport.lower()}>"
+        return f"<sip:{user}@{self.domain};transport={self.transport.lower()}>"
 
     def forget(self, call: SipCall) -> None:
         if self.dialogs.get(call.dialog_id) is call:
