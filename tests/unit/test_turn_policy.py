@@ -56,46 +56,45 @@ def test_acoustic_reads_only_the_sound() -> None:
 
 
 @pytest.mark.parametrize(("text", "sound", "wait"), [
-    (0.5, 0.9, 200),  # both complete
-    (0.5, 0.4, 200),  # complete + unsure
-    (0.05, 0.9, 200),  # unsure + complete
-    (0.5, 0.1, 700),  # they disagree: the middle wait
-    (0.001, 0.9, 700),
+    (0.5, 0.1, 200),  # words that are sure decide: the sound does not overrule them ...
+    (0.5, None, 200),  # ... nor is it waited for
+    (0.001, 0.9, 2500),
+    (0.05, 0.9, 200),  # unsure words leave it to the sound
+    (0.05, 0.1, 2500),
     (0.05, 0.4, 700),  # both unsure
-    (0.001, 0.4, 2500),  # mid-thought + unsure
-    (0.001, 0.1, 2500),  # both mid-thought
+    (0.05, None, 700),  # the sound not known yet
     (None, 0.9, 700),  # before the words are known, the sound alone does not end the turn ...
     (None, 0.1, 2500),  # ... but holds it
-    (0.001, None, 2500),
     (None, None, 700),  # no evidence yet: the middle wait
 ])
-def test_hybrid_adds_the_two_verdicts(text, sound, wait) -> None:
+def test_hybrid_takes_sure_words_and_asks_the_sound_when_they_are_unsure(text, sound, wait) -> None:
     assert policy("hybrid").decide(TurnEvidence(0, text_prob=text, acoustic_prob=sound)).wait_ms == wait
+
+
+def test_only_hybrid_with_unsure_or_unknown_words_and_acoustic_need_the_sound() -> None:
+    hybrid = policy("hybrid")
+    assert hybrid.needs_sound(None) and hybrid.needs_sound(0.05)
+    assert not hybrid.needs_sound(0.5) and not hybrid.needs_sound(0.001)
+    marked = TurnPolicy("hybrid", S.model_copy(update={"text_complete": 0.5, "text_complete_marked": 0.2}), 600)
+    assert marked.needs_sound(0.3) and not marked.needs_sound(0.3, text_marked=True)  # complete with its mark
+    assert policy("acoustic").needs_sound(0.5)
+    assert not policy("text").needs_sound(None) and not policy("silence").needs_sound(None)
 
 
 def test_with_acoustic_alone_the_sound_may_end_the_turn_before_the_words_are_known() -> None:
     alone = TurnPolicy("hybrid", S.model_copy(update={"acoustic_alone": True}), 600)
     decision = alone.decide(TurnEvidence(200, acoustic_prob=0.9))
     assert (decision.action, decision.reason) == ("end", "sound says complete; words not known yet")
-
-
-def test_in_hybrid_the_words_alone_do_not_end_the_turn_while_the_sound_is_being_scored() -> None:
-    waiting = policy("hybrid").decide(TurnEvidence(300, text_prob=0.9, acoustic_pending=True))
-    assert (waiting.action, waiting.wait_ms) == ("wait", 700)
-    assert waiting.reason == "text says complete; waiting for the sound", waiting
-    # once it lands, or when no score is coming (the model failed), the words decide
-    assert policy("hybrid").decide(TurnEvidence(300, text_prob=0.9, acoustic_prob=0.4)).action == "end"
-    assert policy("hybrid").decide(TurnEvidence(300, text_prob=0.9)).action == "end"
-    # a mid-thought verdict does not wait for the sound
-    assert policy("hybrid").decide(TurnEvidence(300, text_prob=0.001, acoustic_pending=True)).wait_ms == 2500
+    waiting = policy("hybrid").decide(TurnEvidence(200, acoustic_prob=0.9))
+    assert (waiting.action, waiting.reason) == ("wait", "sound says complete; waiting for the words")
 
 
 def test_a_decision_is_recorded_with_its_evidence_and_reason() -> None:
-    evidence = TurnEvidence(231.04, text_prob=0.912345, acoustic_prob=0.88)
+    evidence = TurnEvidence(231.04, text_prob=0.052345, acoustic_prob=0.88)
     decision = policy("hybrid").decide(evidence)
     assert decision.record("hybrid", evidence) == {
-        "policy": "hybrid", "action": "end", "reason": "text and sound say complete", "silence_ms": 231.0,
-        "wait_ms": 200.0, "text_prob": 0.9123, "acoustic_prob": 0.88}
+        "policy": "hybrid", "action": "end", "reason": "text says unsure, sound says complete", "silence_ms": 231.0,
+        "wait_ms": 200.0, "text_prob": 0.0523, "acoustic_prob": 0.88}
 
 
 def test_a_call_runs_the_policy_its_evidence_allows() -> None:

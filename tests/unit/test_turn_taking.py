@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 
 from voicepipe.config import TurnSettings
+from voicepipe.pipeline import turn_taking
 from voicepipe.pipeline.turn_taking import PRE_SPEECH_S, TurnTaking
 from voicepipe.turns.policy import TurnPolicy
 from voicepipe.vad.turn import TurnView
@@ -79,30 +80,58 @@ def test_decide_asks_the_policy_with_the_evidence_and_records_the_deciding_one()
     assert (record["policy"], record["action"], record["wait_ms"], record["text_prob"]) == ("text", "end", 200, 0.9)
 
 
-def test_hybrid_waits_for_a_slow_smart_turn_before_the_words_end_the_turn() -> None:
-    """The CI failure this guards against: under load Smart Turn's score landed after the words, and hybrid ended
-    the turn on the words alone."""
+def pause_with_words_coming(prob: float = 0.4) -> tuple[TurnTaking, FakeSmartTurn]:
+    turns, model = taking(prob)
+    turns.push(np.zeros(2 * RATE, np.int16))
+    turns.speech_started(100)
+    turns.speech_ended(RATE, words_coming=True)
+    return turns, model
+
+
+def test_the_sound_waits_for_the_words_and_is_scored_when_they_are_unsure() -> None:
+    """On two cores Smart Turn beside the early reply's prefill slowed the words by ~100 ms: it now goes after."""
     async def main():
-        turns, model = taking(prob=0.4)
-        release = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def slow_predict(audio):
-            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
-            return 0.4
-
-        model.predict = slow_predict
-        turns.push(np.zeros(2 * RATE, np.int16))
-        turns.speech_started(100)
-        turns.speech_ended(RATE)
-        turns.text_known(turns.segment, 0.9)
-        try:
-            assert not turns.decide(view(300))  # the words say complete, the sound is on its way
-        finally:
-            release.set()
+        turns, model = pause_with_words_coming()
+        await asyncio.sleep(0.05)
+        assert model.heard == [] and not turns.decide(view(300))  # no evidence yet: the middle wait
+        turns.text_known(turns.segment, 0.05)  # unsure (defaults: complete from 0.6, mid-thought under 0.003)
         await turns._scoring
-        assert turns.decide(view(300))
-        assert turns.decision_record()["acoustic_prob"] == 0.4
+        assert len(model.heard) == 1 and turns.acoustic_prob == 0.4
+        assert not turns.decide(view(300))  # both unsure
+        assert turns.decision_record() == {}
+
+    asyncio.run(main())
+
+
+def test_words_that_are_sure_settle_the_pause_without_the_sound() -> None:
+    async def main():
+        turns, model = pause_with_words_coming()
+        turns.text_known(turns.segment, 0.9)
+        assert turns.decide(view(300))  # at once: hybrid does not wait for a sound it does not need
+        await turns._scoring
+        assert model.heard == [] and turns.decision_record()["acoustic_prob"] is None
+
+    asyncio.run(main())
+
+
+def test_words_that_never_come_leave_the_sound_to_be_scored_after_a_bound(monkeypatch) -> None:
+    monkeypatch.setattr(turn_taking, "WORDS_WAIT_S", 0.05)
+
+    async def main():
+        turns, model = pause_with_words_coming()
+        await turns._scoring
+        assert len(model.heard) == 1 and turns.acoustic_prob == 0.4
+
+    asyncio.run(main())
+
+
+def test_a_sound_waiting_for_words_gives_up_when_the_caller_speaks_again() -> None:
+    async def main():
+        turns, model = pause_with_words_coming()
+        await asyncio.sleep(0.01)
+        turns.speech_started(RATE + 100)
+        await asyncio.wait_for(turns._scoring, 0.2)  # at once, not after WORDS_WAIT_S
+        assert model.heard == [] and turns.acoustic_prob is None
 
     asyncio.run(main())
 

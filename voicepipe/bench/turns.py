@@ -48,8 +48,7 @@ def replay(policy: TurnPolicy, ev: Evidence) -> Outcome:
             first = pause.at + -(-(begin - pause.at) // WINDOW) * WINDOW  # the first window at or after `begin`
             sound = _known(pause.acoustic_prob, pause.acoustic_ready, first)
             evidence = TurnEvidence(0.0, _known(pause.text_prob, pause.text_ready, first), sound,
-                                    marked_end(pause.text), acoustic_pending=sound is None and pause.acoustic_ready
-                                    is not None)
+                                    marked_end(pause.text))
             due = pause.end + int(-(-policy.decide(evidence).wait_ms * RATE // 1000))  # the silence is long enough
             pos = max(first, pause.at + -(-(due - pause.at) // WINDOW) * WINDOW)
             if pos < end:

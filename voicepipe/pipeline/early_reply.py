@@ -20,10 +20,11 @@ class EarlyReplies:
     its prompt took) and `record.turns`. Uses CallSession's `_open_speech`, `_run_reply`, `_reply_done`, `_stt_end`,
     `_emit`, `note`, `_since`, `_spawn` and `_session_idle`."""
 
-    def _start_early_reply(self) -> None:
-        """At the VAD's speech end: take the transcript so far and start the reply, held until the end of turn."""
+    def _start_early_reply(self) -> bool:
+        """At the VAD's speech end: take the transcript so far and start the reply, held until the end of turn.
+        True when it started one that scores the words for the end-of-turn policy (`_generate`'s end probe)."""
         if not self.cfg.preemptive_generation or self.state is not CallState.LISTENING or self._early is not None:
-            return
+            return False
         turn = self._turns + 1
         record = TurnRecord(turn, timeline={**self._next_timeline, "stt_requested": self._since()})
         reply = _Reply(turn, self._open_speech(turn), record=record, release=asyncio.Event(),
@@ -32,6 +33,7 @@ class EarlyReplies:
         self._early = reply
         self.note("early_reply", turn=turn)
         reply.task = asyncio.create_task(self._run_reply(reply), name=f"early-{self.call_id}-{turn}")
+        return self.turns.policy.uses_text
 
     def _release(self, reply: _Reply, timeline: dict[str, float]) -> None:
         """The end of turn confirms an early reply: it becomes the turn's reply and may be heard."""

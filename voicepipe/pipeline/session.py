@@ -228,10 +228,11 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 if not hearing:
                     self._hold_output(False)  # a noise: the agent goes on
                 audible = self._audible_end(ev.sample)
-                self.turns.speech_ended(audible)
+                words_coming = False
                 if self._stt_turn_active:
                     self._next_timeline["speech_end"] = self._sample_time(audible)
-                    self._start_early_reply()
+                    words_coming = self._start_early_reply()
+                self.turns.speech_ended(audible, words_coming)
                 if hearing:
                     self._check_backchannel()
             elif ev.kind == "end_of_turn":

@@ -2,13 +2,16 @@
 
 The call's `TurnDetector` asks `decide(view)` after every VAD window. The evidence belongs to the caller's latest
 speech segment: a new speech start clears it, and evidence that arrives for an older segment is dropped.
-- sound: at each speech end, Smart Turn scores the turn's audio so far (its last 8 s) on a worker thread;
-- words: the early reply's prefill gives P(end of message) (`text_known`, from the call session).
+- words: the early reply's prefill gives P(end of message) (`text_known`, from the call session);
+- sound: Smart Turn scores the turn's audio up to the speech end (its last 8 s) on a worker thread. When the words
+  are being scored it waits for them: on two cores the two would slow each other down, the words come first
+  (their prefill takes tens of ms), and under `hybrid` the sound is then scored only if the words are unsure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +26,7 @@ log = logging.getLogger(__name__)
 
 ACOUSTIC_SECONDS = 8.0  # what Smart Turn listens to
 PRE_SPEECH_S = 0.3  # audio before the turn's first speech start that it hears too
+WORDS_WAIT_S = 0.5  # the sound waits at most this long for the words (an empty transcript brings none)
 
 
 class TurnTaking:
@@ -41,7 +45,7 @@ class TurnTaking:
         self.last: tuple[TurnDecision, TurnEvidence] | None = None
         self.reopened: list[dict[str, Any]] = []  # decisions the caller reopened, for the turn that goes on
         self._scoring: asyncio.Task | None = None
-        self._scoring_segment = 0  # the segment `_scoring` scores
+        self._words_known = asyncio.Event()  # the words of the segment the sound waits for are in (or moot)
         # called as ("speech_end" | "text" | "acoustic", segment, value) when the VAD reports a speech end or a
         # piece of evidence lands (`voicepipe bench turns` records the times)
         self.on_evidence: Callable[[str, int, float | None], None] | None = None
@@ -57,22 +61,30 @@ class TurnTaking:
         self.text_prob = self.acoustic_prob = None
         self.text_marked = False
         self.last = None
+        self._words_known.set()  # a sound still waiting for the old words gives up
         if self._turn_start is None:
             self._turn_start = max(0, sample - int(PRE_SPEECH_S * self.rate))
 
-    def speech_ended(self, end: int) -> None:
+    def speech_ended(self, end: int, words_coming: bool = False) -> None:
         """Score the sound of the turn up to its speech end `end` (a pushed sample), off the event loop; it lands as
         evidence for this segment. The silence after the speech stays out: Smart Turn hears a fragment followed by
-        0.3 s of silence as complete."""
+        0.3 s of silence as complete. `words_coming`: the call is scoring the words of this pause (the sound waits
+        for them)."""
         self._tell("speech_end", self.segment, None)
         if self.acoustic is None or self._turn_start is None:
             return
         audio = self._audio.latest(self._pushed - self._turn_start)  # at most the last ACOUSTIC_SECONDS
         audio = audio[:max(0, len(audio) - (self._pushed - end))]
-        self._scoring_segment = segment = self.segment
-        self._scoring = asyncio.get_running_loop().create_task(self._score(audio, segment))
+        self._words_known = asyncio.Event()
+        if not words_coming:
+            self._words_known.set()
+        self._scoring = asyncio.get_running_loop().create_task(self._score(audio, self.segment, self._words_known))
 
-    async def _score(self, audio: np.ndarray, segment: int) -> None:
+    async def _score(self, audio: np.ndarray, segment: int, words_known: asyncio.Event) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(words_known.wait(), WORDS_WAIT_S)
+        if segment != self.segment or not self.policy.needs_sound(self.text_prob, self.text_marked):
+            return
         try:
             prob = await asyncio.to_thread(self.acoustic.predict, audio)
         except Exception:
@@ -83,9 +95,13 @@ class TurnTaking:
             self._tell("acoustic", segment, prob)
 
     def text_known(self, segment: int, prob: float | None, words: str = "") -> None:
-        if prob is not None and segment == self.segment:
+        """The words' P(complete) for `segment` (None: the early reply brought none)."""
+        if segment != self.segment:
+            return
+        if prob is not None:
             self.text_prob, self.text_marked = prob, marked_end(words)
             self._tell("text", segment, prob)
+        self._words_known.set()
 
     def _tell(self, kind: str, segment: int, value: float | None) -> None:
         if self.on_evidence is not None:
@@ -95,14 +111,10 @@ class TurnTaking:
         """The TurnDetector's end-of-turn question, asked after every VAD window."""
         if not view.speech_seen or view.in_speech:
             return False
-        evidence = TurnEvidence(view.silence_ms, self.text_prob, self.acoustic_prob, self.text_marked,
-                                acoustic_pending=self._sound_pending())
+        evidence = TurnEvidence(view.silence_ms, self.text_prob, self.acoustic_prob, self.text_marked)
         decision = self.policy.decide(evidence)
         self.last = (decision, evidence)
         return decision.action == "end"
-
-    def _sound_pending(self) -> bool:
-        return self._scoring is not None and not self._scoring.done() and self._scoring_segment == self.segment
 
     def decision_record(self) -> dict[str, Any]:
         """The decision that ended the turn, as the turn record keeps it ({} when something else ended it)."""

@@ -10,12 +10,14 @@ by then:
   counts too: Whisper hears the falling pitch of a finished sentence and writes "..." or nothing after a
   fragment, so such words are complete from `text_complete_marked` on, the others from `text_complete`;
 - acoustic completeness: P(complete) from Smart Turn over the last 8 s of the caller's audio (voicepipe/turns/
-  acoustic.py); it arrives a few ms after the speech end.
+  acoustic.py). Under `hybrid` the call scores the sound only once the words are known and unsure (the two compete
+  for the same cores, and the words usually settle the pause alone); under `acoustic` at the speech end.
 
 Each probability gives a verdict: complete (at or above its `*_complete` threshold), incomplete (below
 `*_incomplete`) or unsure. The verdict sets the silence to wait for: `short_wait_ms` when complete, `long_wait_ms`
-when the caller is mid-thought, `middle_wait_ms` when unsure or while the evidence is still on its way. `silence`
-is the old rule: a fixed `vad.end_of_turn_silence_ms`.
+when the caller is mid-thought, `middle_wait_ms` when unsure or while the evidence is still on its way. `hybrid`
+takes the words' verdict when they are sure and the sound's when they are not. `silence` is the old rule: a fixed
+`vad.end_of_turn_silence_ms`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ class TurnEvidence:
     text_prob: float | None = None  # None: not known (yet)
     acoustic_prob: float | None = None
     text_marked: bool = False  # the STT ended the words with a sentence mark (see `marked_end`)
-    acoustic_pending: bool = False  # the sound of this pause is being scored: its P(complete) is on its way
 
 
 @dataclass(frozen=True)
@@ -84,21 +85,22 @@ class TurnPolicy:
     def uses_acoustic(self) -> bool:
         return self.name in ("acoustic", "hybrid")
 
+    def needs_sound(self, text_prob: float | None, text_marked: bool = False) -> bool:
+        """Whether the sound of a pause can change this policy's decision, given its words' P(complete) (None: not
+        scored). Hybrid needs it only where the words are unsure."""
+        if not self.uses_acoustic:
+            return False
+        return self.name == "acoustic" or self._text_verdict(text_prob, text_marked) in (None, "unsure")
+
     def decide(self, evidence: TurnEvidence) -> TurnDecision:
         if self.name == "silence":
             return self._act(evidence, self.silence_ms, None, f"silence of {self.silence_ms:g} ms")
         s = self.settings
-        complete = s.text_complete_marked if evidence.text_marked else s.text_complete
-        text = _verdict(evidence.text_prob, complete, s.text_incomplete) if self.uses_text else None
+        text = self._text_verdict(evidence.text_prob, evidence.text_marked) if self.uses_text else None
         sound = (_verdict(evidence.acoustic_prob, s.acoustic_complete, s.acoustic_incomplete)
                  if self.uses_acoustic else None)
         if self.name == "hybrid":
-            if text is None and sound == "complete" and not s.acoustic_alone:
-                sound = "unsure"  # the sound alone does not end a turn: wait for the words
-            verdict, reason = _combine(text, sound)
-            if sound is None and verdict == "complete" and evidence.acoustic_pending:
-                # nor do the words while the sound is still being scored (tens of ms): hybrid weighs both
-                verdict, reason = "unsure", reason + "; waiting for the sound"
+            verdict, reason = _hybrid(text, sound, s.acoustic_alone)
         else:
             verdict = text if self.name == "text" else sound
             reason = _say("text" if self.name == "text" else "sound", verdict)
@@ -107,6 +109,10 @@ class TurnPolicy:
         if self.uses_text and evidence.text_prob is not None and evidence.text_marked:
             reason += "; the words end with a sentence mark"
         return self._act(evidence, float(wait), verdict, reason)
+
+    def _text_verdict(self, prob: float | None, marked: bool) -> Verdict | None:
+        s = self.settings
+        return _verdict(prob, s.text_complete_marked if marked else s.text_complete, s.text_incomplete)
 
     @staticmethod
     def _act(evidence: TurnEvidence, wait_ms: float, verdict: Verdict | None, reason: str) -> TurnDecision:
@@ -133,22 +139,22 @@ def _say(source: str, verdict: Verdict | None) -> str:
     return "no evidence yet" if verdict is None else f"{source} says {_WORD[verdict]}"
 
 
-def _combine(text: Verdict | None, sound: Verdict | None) -> tuple[Verdict | None, str]:
-    """Hybrid: each known verdict counts +1 (complete), 0 (unsure) or -1 (mid-thought); a sum of at least +1 is
-    complete, at most -1 mid-thought, 0 unsure. Before the words are known the sound decides alone."""
-    if text is None and sound is None:
+def _hybrid(text: Verdict | None, sound: Verdict | None, acoustic_alone: bool) -> tuple[Verdict | None, str]:
+    """Hybrid: words that are sure (complete or mid-thought) decide; unsure words leave it to the sound. Before the
+    words are known the sound may hold the turn, but ends it only with `acoustic_alone`."""
+    if text in ("complete", "incomplete"):
+        return text, _say("text", text)
+    if text == "unsure":
+        if sound is None:
+            return "unsure", "text says unsure; the sound is not known yet"
+        return sound, f"text says unsure, sound says {_WORD[sound]}"
+    if sound is None:
         return None, "no evidence yet"
-    if text is None or sound is None:
-        known = text or sound
-        return known, _say("text" if text else "sound", known) + ("; words not known yet" if text is None else "")
-    total = _SCORE[text] + _SCORE[sound]
-    verdict: Verdict = "complete" if total >= 1 else "incomplete" if total <= -1 else "unsure"
-    if text == sound:
-        return verdict, f"text and sound say {_WORD[text]}"
-    return verdict, f"text says {_WORD[text]}, sound says {_WORD[sound]}"
+    if sound == "complete" and not acoustic_alone:
+        return "unsure", "sound says complete; waiting for the words"
+    return sound, _say("sound", sound) + "; words not known yet"
 
 
-_SCORE = {"complete": 1, "unsure": 0, "incomplete": -1}
 _WORD = {"complete": "complete", "unsure": "unsure", "incomplete": "mid-thought"}
 
 
