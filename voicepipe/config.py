@@ -78,7 +78,7 @@ class VADSettings(Section):
     # Probability under which a window counts as silence (default: threshold - 0.15).
     neg_threshold: float | None = Field(None, gt=0.0, lt=1.0)
     min_speech_ms: int = Field(96, ge=0, le=5000)  # speech shorter than this is not a turn
-    min_silence_ms: int = Field(160, ge=0, le=5000)  # silence that ends a speech segment
+    min_silence_ms: int = Field(96, ge=0, le=5000)  # silence that ends a speech segment
     padding_ms: int = Field(20, ge=0, le=1000)  # added before speech_start and after speech_end
     end_of_turn_silence_ms: int = Field(600, ge=0, le=10000)  # silence after speech_end that ends the turn
 
@@ -93,14 +93,14 @@ class TurnSettings(Section):
     # The acoustic model (models.turn), loaded when the policy weighs the sound or when "on": "on" refuses to start
     # without it, "auto" logs and goes on without it (the policies then use the text), "off" never loads it.
     acoustic: Literal["auto", "on", "off"] = "auto"
-    short_wait_ms: int = Field(200, ge=0, le=10000)  # silence that ends a turn the evidence calls complete
+    short_wait_ms: int = Field(150, ge=0, le=10000)  # silence that ends a turn the evidence calls complete
     middle_wait_ms: int = Field(1300, ge=0, le=10000)  # ... when the evidence is unsure (or not there yet)
     long_wait_ms: int = Field(2500, ge=0, le=30000)  # ... when it says the caller is mid-thought
     # P(complete) at or above *_complete: complete; below *_incomplete: mid-thought; in between: unsure
     text_complete: float = Field(0.6, ge=0.0, le=1.0)
     text_complete_marked: float = Field(0.3, ge=0.0, le=1.0)  # ... for words the STT ended with . ? or !
     text_incomplete: float = Field(0.003, ge=0.0, le=1.0)
-    acoustic_complete: float = Field(0.5, ge=0.0, le=1.01)
+    acoustic_complete: float = Field(0.95, ge=0.0, le=1.01)
     acoustic_incomplete: float = Field(0.05, ge=0.0, le=1.0)
     # hybrid: the sound alone may end a turn it calls complete before the words are known (else it waits for them)
     acoustic_alone: bool = False

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from voicepipe.bench.turn_evidence import Evidence, Pause, load_evidence
+from voicepipe.bench.turn_evidence import Evidence, Pause, _Recorder, load_evidence
 from voicepipe.bench.turns import RATE, WINDOW, Outcome, _known, _outcome, calibrate, flat_report, replay, score
 from voicepipe.config import Settings, TurnSettings
 from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy, marked_end
@@ -22,8 +25,7 @@ def brute_force(policy: TurnPolicy, ev: Evidence) -> Outcome:
         for pos in range(pause.at, stop, WINDOW):
             sound = _known(pause.acoustic_prob, pause.acoustic_ready, pos)
             evidence = TurnEvidence((pos - pause.end) / MS, _known(pause.text_prob, pause.text_ready, pos), sound,
-                                    marked_end(pause.text),
-                                    acoustic_pending=sound is None and pause.acoustic_ready is not None)
+                                    marked_end(pause.text))
             if policy.decide(evidence).action == "end":
                 return _outcome(ev, pos)
     return Outcome(None, None, False)
@@ -105,8 +107,31 @@ def test_the_default_policy_on_recorded_evidence_meets_the_cut_off_bound_and_bea
     settings = Settings()
     default = score(TurnPolicy(settings.turn.policy, settings.turn, 600), evidence)
     silence = score(TurnPolicy("silence", settings.turn, settings.vad.end_of_turn_silence_ms), evidence)
-    assert default["false_cutoff_rate"] <= 0.05 and default["complete_cut_rate"] == 0.0, default
+    assert default["false_cutoff_rate"] <= 0.05 and default["complete_cut_rate"] <= 0.05, default
     assert silence["false_cutoff_rate"] > 0.7  # the old rule cuts most 500-1200 ms pauses ...
-    assert default["wait_p50_ms"] < 0.65 * silence["wait_p50_ms"]  # ... and still waits longer
-    hybrid = settings.turn.model_copy(update={"text_incomplete": 0.2, "acoustic_complete": 0.7})  # its own point
-    assert score(TurnPolicy("hybrid", hybrid, 600), evidence)["false_cutoff_rate"] <= 0.05
+    assert default["wait_p50_ms"] <= 0.4 * silence["wait_p50_ms"]  # ... and still waits longer
+    hybrid = score(TurnPolicy("hybrid", settings.turn, 600), evidence)  # the issue's targets, on the defaults
+    assert hybrid["false_cutoff_rate"] <= 0.05 and hybrid["wait_p50_ms"] <= 250, hybrid
+
+
+def test_the_recording_plays_on_until_the_pause_the_vad_reports_after_the_true_end() -> None:
+    """With a 96 ms `vad.min_silence_ms` a caller's short gap 0.75 s before the end is a reported pause too; the
+    recording once stopped there, before the utterance's real end was reported (3 of 48 utterances undecided)."""
+    async def main():
+        item = SimpleNamespace(name="c", label="complete", voice="espeak:en-gb:150", speech_end=32000, pause_end=None,
+                               audio=np.zeros(4 * RATE, np.int16))
+        detector = SimpleNamespace(last_speech_end=20000, stream=SimpleNamespace(samples_processed=21536))
+        call = SimpleNamespace(detector=detector, _vad_pos=21536)
+        recorder = _Recorder(item, call)
+        recorder.on_evidence("speech_end", 1, None)  # the gap: the caller goes on after it
+        recorder.on_evidence("text", 1, 0.9)
+        recorder.on_evidence("acoustic", 1, 0.9)
+        assert not recorder.done(33000)
+        detector.last_speech_end, detector.stream.samples_processed = 32000, 33536
+        recorder.on_evidence("speech_end", 2, None)
+        assert not recorder.done(33600)  # the last pause's evidence is not in yet
+        recorder.on_evidence("text", 2, 0.9)
+        recorder.on_evidence("acoustic", 2, 0.9)
+        assert recorder.done(33600)
+
+    asyncio.run(main())

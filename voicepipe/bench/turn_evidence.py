@@ -2,11 +2,12 @@
 
 Each utterance is one `CallSession` over the process's models (VAD, streaming STT, the LLM engine, TTS and Smart
 Turn), fed in 20 ms chunks at real-time pace, so the evidence arrives when it would in a call: the STT's pause
-decode, the early reply's prefill with its end probe, Smart Turn on a worker thread, all sharing the cores as in a
-call. The call's policy is told to wait 10 s at every pause, so it never ends the turn; its `TurnTaking` reports,
-in the call's samples, where the VAD reported each speech end and when each piece of evidence landed. Once the
-last pause's evidence is in, the rest of the utterance (silence) is not played. The agent's audio goes nowhere.
-`voicepipe.bench.turns` replays every policy over this record.
+decode, the early reply's prefill with its end probe, then Smart Turn on a worker thread, all sharing the cores as
+in a call. (Under the `acoustic` policy a call scores the sound at the speech end, alongside the prefill; its
+replay here sees it after the words.) The call's policy is told to wait 10 s at every pause, so it never ends the
+turn; its `TurnTaking` reports, in the call's samples, where the VAD reported each speech end and when each piece
+of evidence landed. Once the last pause's evidence is in, the rest of the utterance (silence) is not played. The
+agent's audio goes nowhere. `voicepipe.bench.turns` replays every policy over this record.
 """
 
 from __future__ import annotations
@@ -81,9 +82,12 @@ class _Sink:
 
 
 def recording_settings(settings):
-    """`settings` with a hybrid policy that never ends a turn (so the call gathers all the evidence)."""
+    """`settings` with a hybrid policy that never ends a turn and finds every pause's words unsure, so the call
+    gathers all the evidence: the words, then the sound, scored after them as hybrid scores it when it needs it."""
     turn = settings.turn.model_copy(update={"policy": "hybrid", "acoustic": "on", "short_wait_ms": NEVER_MS,
-                                            "middle_wait_ms": NEVER_MS, "long_wait_ms": NEVER_MS})
+                                            "middle_wait_ms": NEVER_MS, "long_wait_ms": NEVER_MS,
+                                            "text_complete": 2.0, "text_complete_marked": 2.0,
+                                            "text_incomplete": -1.0})  # no probability is sure
     return settings.model_copy(update={"turn": turn})
 
 
@@ -141,8 +145,10 @@ class _Recorder:
     def call_ended(self, call) -> None: ...
 
     def done(self, pushed: int) -> bool:
-        """The last pause of the utterance has its evidence (or has waited long enough for it)."""
-        if pushed < self.ev.speech_end or not self.ev.pauses or self.ev.pauses[-1].end < self.ev.speech_end - RATE:
+        """The last pause of the utterance has its evidence (or has waited long enough for it). The VAD reports a
+        pause once its silence is `vad.min_silence_ms` long, so one reported before the true end of speech is not
+        the last."""
+        if pushed < self.ev.speech_end or not self.ev.pauses or self.ev.pauses[-1].at < self.ev.speech_end:
             return False
         last = self.ev.pauses[-1]
         waited = asyncio.get_running_loop().time() - (self.last_report or 0.0)

@@ -37,7 +37,8 @@ from voicepipe.vad.samples import AudioInputError, check_rate, to_float32
 log = logging.getLogger(__name__)
 
 
-PAUSE_MS = 100  # after this much quiet audio following speech, a partial is asked for at once
+PAUSE_MS = 50  # after this much quiet audio following speech, a partial is asked for at once (well before the
+# VAD reports the speech end, vad.min_silence_ms later: the final then reuses it)
 PAUSE_RATIO = 0.1  # quiet: a chunk's RMS under this share of the caller's running peak
 
 
