@@ -31,6 +31,7 @@ from voicepipe.transports.sip.message import Request, Response, SipError, parse,
 log = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT_S = 30.0
+BYE_GRACE_S = 2.0  # the media may close this long before the BYE that says why is read
 MAX_MESSAGE_BYTES = 1 << 20
 
 
@@ -196,6 +197,16 @@ class SipPeerClient(PeerClient):
             reason = message.get("Reason") or ""
             text = reason.partition('text="')[2].rstrip('"') or "bye"
             self._end(1000, text)
+
+    def _on_state(self) -> None:
+        """Over SIP the call ends with the server's BYE, which says why. The server closes the peer connection right
+        after sending it, and under load the media's close can be seen before the WebSocket's BYE is read: with
+        the SIP connection up, that close ends the call only if no BYE comes within `BYE_GRACE_S`."""
+        state = self.pc.connectionState
+        if state in ("failed", "closed") and self.ws is not None and not self._closed.is_set():
+            asyncio.get_running_loop().call_later(BYE_GRACE_S, self._end, 1000 if state == "closed" else 1006, state)
+            return
+        super()._on_state()
 
     def _end(self, code: int, reason: str) -> None:
         if not self._closed.is_set():
