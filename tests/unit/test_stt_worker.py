@@ -9,7 +9,7 @@ import numpy as np
 
 from voicepipe.config import STTSettings
 from voicepipe.stt.decoder import DecodeResult
-from voicepipe.stt.transcriber import Transcriber
+from voicepipe.stt.transcriber import PAUSE_MS, Transcriber
 
 
 class FakeDecoder:
@@ -211,7 +211,7 @@ def test_a_pause_after_speech_asks_for_a_partial_at_once() -> None:
     while stt.stats.partials_done == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert stt.stats.partials_done == 1
-    assert fake.calls[-1][1] >= 6400 + 1600  # the decode covers the speech and the start of the pause
+    assert fake.calls[-1][1] >= 6400 + PAUSE_MS * 16  # the decode covers the speech and the quiet that asked for it
     for _ in range(10):
         stream.push(np.zeros(320, np.float32))  # the same pause goes on: no more requests
     time.sleep(0.1)
@@ -306,14 +306,14 @@ def test_no_partials_over_silence_after_the_pause_one() -> None:
 
 
 def test_at_the_end_of_speech_only_the_pause_asks_for_a_partial() -> None:
-    """The interval falls due in the quiet after the last word: the pause's partial, 100 ms in, is the one decode."""
+    """The interval falls due in the quiet after the last word: the pause's partial, PAUSE_MS in, is the one decode."""
     stt, fake = make(partial_interval_ms=200)
     fake.gate.clear()  # a decode that starts is held, so a later request cannot merge into it
     stream = stt.open_stream(16000, on_partial=lambda _: None)
     stream.push(loud(0.19))  # just under the interval
     stream.push(np.zeros(320, np.float32))  # 20 ms of quiet: the interval falls due here
     time.sleep(0.1)  # (a request made now would be taken by the worker)
-    for _ in range(5):  # the pause: 100 ms of quiet
+    for _ in range(5):  # the pause goes on: 120 ms of quiet in all
         stream.push(np.zeros(320, np.float32))
     time.sleep(0.1)
     fake.gate.set()
@@ -322,7 +322,7 @@ def test_at_the_end_of_speech_only_the_pause_asks_for_a_partial() -> None:
         time.sleep(0.01)
     time.sleep(0.1)
     stt.close()
-    assert len(fake.calls) == 1 and fake.calls[0][1] >= 3040 + 1600, fake.calls  # covers the pause's start
+    assert len(fake.calls) == 1 and fake.calls[0][1] >= 3040 + PAUSE_MS * 16, fake.calls  # covers the pause's start
 
 
 def test_a_turn_of_speech_with_no_words_is_logged_and_counted(caplog) -> None:
