@@ -204,7 +204,7 @@ class SipPeerClient(PeerClient):
         the SIP connection up, that close ends the call only if no BYE comes within `BYE_GRACE_S`."""
         state = self.pc.connectionState
         if state in ("failed", "closed") and self.ws is not None and not self._closed.is_set():
-            asyncio.get_running_loop().call_later(BYE_GRACE_S, self._end, 1000 if state == "closed" else 1006, state)
+            asyncio.get_running_loop().call_later(BYE_GRACE_S, self._end, *self._close_for(state))
             return
         super()._on_state()
 

@@ -115,13 +115,18 @@ class PeerClient:
                 await asyncio.wait_for(self._closed.wait(), HANGUP_WAIT_S)
         await self._shutdown()
 
+    @staticmethod
+    def _close_for(state: str) -> tuple[int, str]:
+        """The close code and reason of a peer connection that ended in ``state`` ("closed" or "failed")."""
+        return (1000, "closed") if state == "closed" else (1006, state)
+
     def _on_state(self) -> None:
         state = self.pc.connectionState
         if state == "connected":
             self._connected.set()
         elif state in ("failed", "closed"):
             if self.close_code is None:
-                self.close_code, self.close_reason = (1000, "closed") if state == "closed" else (1006, state)
+                self.close_code, self.close_reason = self._close_for(state)
             self._closed.set()
             self._connected.set()  # wakes a caller still waiting to connect; it checks the state
             self._inbox.put_nowait(None)
