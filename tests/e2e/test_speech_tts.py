@@ -183,3 +183,34 @@ def test_the_voice_session_sleeps_when_idle_and_takes_the_configured_threads(set
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.intra_op_num_threads == 1
     assert len(voice.session.get_outputs()) == 2  # the audio and the patched-in phoneme alignments
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def test_clauses_said_again_reuse_the_memory_they_took_the_first_time(settings) -> None:
+    """onnxruntime's memory patterns plan one block for a whole run per input shape, used from the second run of
+    that shape on. Replies say clauses of the same lengths again and again, and each such block fragmented the CPU
+    arena: RSS grew by 25-30 MB every round of the clauses below (issue 25's soak). Without them a round said again
+    takes no new memory."""
+    from voicepipe.models import resolve_model
+    from voicepipe.tts import load_aligned_voice
+
+    voice = load_aligned_voice(resolve_model(settings.models.tts, "tts", settings.paths.models_dir))
+    assert not voice.session.get_session_options().enable_mem_pattern
+    synth = Synthesizer(voice)
+    words = ("of course I can move your reservation from Saturday evening to Sunday afternoon for the same party of "
+             "six and the patio will be open if the weather holds so tell me which time suits you best thank you "
+             "for calling I have your booking for four people on Friday evening at half past seven").split()
+    clauses = [" ".join(words)[:200].rsplit(" ", 1)[0]] + [" ".join(words[:n]) for n in (30, 4, 20, 12, 26, 7)]
+    try:
+        rss_after_round = []
+        for _ in range(3):
+            for clause in clauses:
+                synth.synthesize_clause(clause)
+            rss_after_round.append(_rss_mb())
+        assert rss_after_round[2] - rss_after_round[0] < 10, rss_after_round
+    finally:
+        synth.close()
