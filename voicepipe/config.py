@@ -63,6 +63,10 @@ class ServerSettings(Section):
     # SIGTERM: /ready turns 503, new calls are refused, live calls go on for at most this long, then the process
     # exits 0 (a second SIGTERM exits at once). Kubernetes' terminationGracePeriodSeconds should exceed it.
     drain_timeout_s: float = Field(300.0, ge=0.0, le=86400.0)
+    # glibc's malloc arenas for the process (0: glibc's default, 8 per core). Each thread that allocates while
+    # another holds an arena gets its own, and freed memory fragments across them: with 8 per core, RSS kept
+    # growing under call churn with the bytes in use flat. With 2, the LLM, STT and TTS ran as fast (within 4 %).
+    malloc_arenas: int = Field(2, ge=0, le=1024)
 
 
 class PathsSettings(Section):

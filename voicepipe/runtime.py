@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,20 @@ from voicepipe.errors import ModelError
 from voicepipe.models import load_manifest, resolve_model
 
 log = logging.getLogger(__name__)
+
+M_ARENA_MAX = -8  # mallopt's parameter number for the arena cap (glibc's malloc.h)
+
+
+def limit_malloc_arenas(count: int) -> bool:
+    """Cap glibc's malloc arenas at ``count`` for threads that get one from now on (``server.malloc_arenas``).
+    False, and nothing changed, for 0 or where the C library is not glibc."""
+    if count <= 0:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return mallopt(M_ARENA_MAX, count) == 1
 
 
 @dataclass
@@ -56,6 +71,8 @@ class Runtime:
         from voicepipe.vad import SileroVAD
         from voicepipe.vad.model import load_silero
 
+        if limit_malloc_arenas(self.settings.server.malloc_arenas):
+            log.info("malloc arenas capped at %d", self.settings.server.malloc_arenas)
         device = resolve_device(self.settings.device)
         paths = self.model_paths()
         self.vad = self._timed("vad", load_silero, paths["vad"])

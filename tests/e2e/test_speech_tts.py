@@ -190,6 +190,24 @@ def _rss_mb() -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
 
 
+def test_the_warm_up_at_load_takes_the_memory_of_a_longest_clause(settings) -> None:
+    """A clause of ``max_clause_chars`` takes ~175 MB of onnxruntime's arena the first time. Synthesized once at
+    load, the first long reply of the first call takes none: RSS after warm-up stays flat (issue 25's soak)."""
+    from voicepipe.models import resolve_model
+    from voicepipe.tts import load_aligned_voice
+    from voicepipe.tts.voice import warm_up_text
+
+    path = resolve_model(settings.models.tts, "tts", settings.paths.models_dir)
+    text = warm_up_text(200)
+    assert 180 <= len(text) <= 200 and not text.endswith(" ")
+    voice = load_aligned_voice(path, warm_up_chars=200)
+    before = _rss_mb()
+    with Synthesizer(voice) as synth:
+        synth.synthesize_clause("Of course, I can move your reservation from Saturday evening to Sunday afternoon for "
+                                "the same party of six, so tell me which time suits you best and I will check it.")
+    assert _rss_mb() - before < 20
+
+
 def test_clauses_said_again_reuse_the_memory_they_took_the_first_time(settings) -> None:
     """onnxruntime's memory patterns plan one block for a whole run per input shape, used from the second run of
     that shape on. Replies say clauses of the same lengths again and again, and each such block fragmented the CPU

@@ -76,7 +76,7 @@ class Synthesizer:
     @classmethod
     def load(cls, path: Path, settings: TTSSettings | None = None, use_cuda: bool = False) -> Synthesizer:
         settings = settings or TTSSettings()
-        return cls(load_aligned_voice(path, use_cuda, settings.cpu_threads), settings)
+        return cls(load_aligned_voice(path, use_cuda, settings.cpu_threads, settings.max_clause_chars), settings)
 
     def open_stream(self, sample_rate: int | None = None, turn: int | None = None) -> SpeechStream:
         rate = self.settings.output_sample_rate if sample_rate is None else sample_rate

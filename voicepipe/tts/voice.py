@@ -18,7 +18,20 @@ def find_voice_file(path: Path) -> Path:
     return voices[0]
 
 
-def load_aligned_voice(path: Path, use_cuda: bool = False, cpu_threads: int = 0):
+# ordinary words for the warm-up clause: a reply's longest clause is this sort of text, cut at max_clause_chars
+WARM_UP_WORDS = ("thank you for calling I have your booking for four people on Friday evening at half past seven and "
+                 "the patio will be open if the weather holds so tell me which time suits you best").split()
+
+
+def warm_up_text(chars: int) -> str:
+    """Words of ``WARM_UP_WORDS``, repeated as needed, up to ``chars`` characters."""
+    words: list[str] = []
+    while len(" ".join(words)) < chars:
+        words.append(WARM_UP_WORDS[len(words) % len(WARM_UP_WORDS)])
+    return " ".join(words)[:chars].rsplit(" ", 1)[0]
+
+
+def load_aligned_voice(path: Path, use_cuda: bool = False, cpu_threads: int = 0, warm_up_chars: int = 0):
     """The Piper voice with its phoneme alignment output patched in (needs the onnx package), on a session whose
     idle threads sleep instead of spinning: synthesis shares the CPU with the LLM engine and the STT, and spinning
     threads take cycles from them while they wait. ``cpu_threads`` 0 leaves the thread count to onnxruntime.
@@ -26,7 +39,9 @@ def load_aligned_voice(path: Path, use_cuda: bool = False, cpu_threads: int = 0)
     The session plans no memory patterns. A pattern is one block for a whole run, planned per input shape and used
     from a shape's second run on; replies say clauses of the same lengths again and again, and those blocks
     fragmented the CPU arena until RSS grew by tens of MB a round. Allocated tensor by tensor, the memory the
-    longest clause took serves every later clause, and synthesis is as fast."""
+    longest clause took serves every later clause, and synthesis is as fast. ``warm_up_chars`` > 0 synthesizes a
+    clause that long once, so the arena reaches that size at load rather than during the first long reply (a
+    clause of 200 characters takes ~175 MB); the calls' memory then stays flat (issue 25's soak)."""
     import onnx
     import onnxruntime
     from piper import PiperVoice
@@ -45,4 +60,8 @@ def load_aligned_voice(path: Path, use_cuda: bool = False, cpu_threads: int = 0)
     providers = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})] if use_cuda \
         else ["CPUExecutionProvider"]
     session = onnxruntime.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
-    return PiperVoice(session=session, config=config)
+    voice = PiperVoice(session=session, config=config)
+    if warm_up_chars:
+        for _ in voice.synthesize(warm_up_text(warm_up_chars), include_alignments=True):
+            pass
+    return voice
