@@ -215,14 +215,13 @@ def test_clauses_said_again_reuse_the_memory_they_took_the_first_time(settings) 
     takes no new memory."""
     from voicepipe.models import resolve_model
     from voicepipe.tts import load_aligned_voice
+    from voicepipe.tts.voice import WARM_UP_WORDS, warm_up_text
 
     voice = load_aligned_voice(resolve_model(settings.models.tts, "tts", settings.paths.models_dir))
     assert not voice.session.get_session_options().enable_mem_pattern
     synth = Synthesizer(voice)
-    words = ("of course I can move your reservation from Saturday evening to Sunday afternoon for the same party of "
-             "six and the patio will be open if the weather holds so tell me which time suits you best thank you "
-             "for calling I have your booking for four people on Friday evening at half past seven").split()
-    clauses = [" ".join(words)[:200].rsplit(" ", 1)[0]] + [" ".join(words[:n]) for n in (30, 4, 20, 12, 26, 7)]
+    words = WARM_UP_WORDS.split()
+    clauses = [warm_up_text(200)] + [" ".join(words[:n]) for n in (30, 4, 20, 12, 26, 7)]
     try:
         rss_after_round = []
         for _ in range(3):

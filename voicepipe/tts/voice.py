@@ -20,15 +20,15 @@ def find_voice_file(path: Path) -> Path:
 
 # ordinary words for the warm-up clause: a reply's longest clause is this sort of text, cut at max_clause_chars
 WARM_UP_WORDS = ("thank you for calling I have your booking for four people on Friday evening at half past seven and "
-                 "the patio will be open if the weather holds so tell me which time suits you best").split()
+                 "the patio will be open if the weather holds so tell me which time suits you best")
 
 
 def warm_up_text(chars: int) -> str:
-    """Words of ``WARM_UP_WORDS``, repeated as needed, up to ``chars`` characters."""
-    words: list[str] = []
-    while len(" ".join(words)) < chars:
-        words.append(WARM_UP_WORDS[len(words) % len(WARM_UP_WORDS)])
-    return " ".join(words)[:chars].rsplit(" ", 1)[0]
+    """``WARM_UP_WORDS``, repeated as needed, cut at the last word boundary within ``chars`` characters."""
+    text = WARM_UP_WORDS
+    while len(text) <= chars:
+        text = f"{text} {WARM_UP_WORDS}"
+    return text[:chars + 1].rsplit(" ", 1)[0]
 
 
 def load_aligned_voice(path: Path, use_cuda: bool = False, cpu_threads: int = 0, warm_up_chars: int = 0):
