@@ -496,6 +496,39 @@ def test_a_seed_parameter_seeds_every_turn_distinctly(seed, expected) -> None:
     run(main())
 
 
+def test_the_timelines_speech_end_follows_a_final_sound_past_what_had_come_at_the_vads_report() -> None:
+    """The VAD may score a soft final sound (a fricative) as silence and report the end with only ~75 ms of audio
+    after it: the end then stops where that audio did. Once `SEARCH_MS` more has come, the timeline's speech end is
+    taken again, to where the sound stops."""
+    async def main():
+        h = Harness()
+        await h.call.start()
+        tone = (3000 * np.sin(np.arange(4800) * 2 * np.pi * 200 / RATE)).astype(np.int16)  # 300 ms of sound
+
+        def push(audio, *events):
+            h.detector.pending += list(events)
+            h.call.push_audio(audio)
+
+        push(np.zeros(6400, np.int16))
+        start = h.detector.stream.samples_processed
+        push(tone[:2880], VADEvent("speech_start", start, RATE))
+        push(tone[2880:3520], VADEvent("speech_end", start + 2880, RATE))  # 40 ms of the sound after the report
+        await asyncio.sleep(0.08)
+        push(tone[3520:])  # the sound goes on 80 ms more
+        for _ in range(10):
+            push(np.zeros(320, np.int16))
+        push(np.zeros(320, np.int16), h.ev("end_of_turn"))
+        await h.settle(lambda: h.output.ended_replies == 1)
+        h.output.playing = False
+        await h.settle(lambda: len(h.observer.turns) == 1)
+        timeline = h.observer.turns[0].timeline
+        assert timeline["speech_end"] == h.call._sample_time(start + 4800)
+        assert timeline["speech_end"] > h.call._sample_time(start + 3520)  # where the report's audio stopped
+        await h.call.close("stop")
+
+    run(main())
+
+
 def test_an_early_reply_starts_at_the_speech_end_and_is_heard_only_after_the_end_of_turn() -> None:
     async def main():
         h = Harness()

@@ -40,6 +40,8 @@ class EarlyReplies:
         for key, value in timeline.items():  # the reply's own events (it started before the end of turn) stay
             reply.record.timeline.setdefault(key, value)
         reply.record.timeline["end_of_turn"] = timeline["end_of_turn"]
+        if "speech_end" in timeline:  # as settled after the reply started (_settle_speech_end)
+            reply.record.timeline["speech_end"] = timeline["speech_end"]
         self.record.turns.append(reply.record)
         self._reply = reply
         reply.release.set()

@@ -55,12 +55,13 @@ from voicepipe.pipeline.tool_calls import ToolCalls, call_tools
 from voicepipe.pipeline.turn_taking import TurnTaking
 from voicepipe.turns.backchannel import is_backchannel
 from voicepipe.turns.policy import POLICIES, TurnPolicy, effective_policy
-from voicepipe.vad.boundary import audible_end
+from voicepipe.vad.boundary import SEARCH_MS, audible_end
 
 log = logging.getLogger(__name__)
 
 PIPELINE_RATE = 16000  # VAD and STT input
 PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT hears the first syllable
+SEARCH_SAMPLES = SEARCH_MS * PIPELINE_RATE // 1000
 ARRIVALS_KEPT = 1500  # caller chunks whose arrival time is kept (30 s of 20 ms chunks) to date VAD events
 
 
@@ -109,6 +110,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self._holding = False  # the agent's audio is held for caller speech (`hold_on_speech`)
         self._next_timeline: dict[str, float] = {}  # the timeline of the caller turn being spoken
         self._speech_end: int | None = None
+        self._speech_end_settled = False  # the timeline's speech end looked at again with the audio after it
         self._stt_turn_active = False
         self._stt_vad_start = 0  # VAD sample where the STT turn's audio starts
         self._stt_sample_start = 0  # TranscriptStream sample at that point
@@ -223,6 +225,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 self._on_speech_start(ev.sample, start)
             elif ev.kind == "speech_end":
                 self._speech_end = ev.sample
+                self._speech_end_settled = False
                 self._speech_start = None
                 hearing = self._over_agent() and self._stt_turn_active  # its words decide (_check_backchannel)
                 if not hearing:
@@ -237,6 +240,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                     self._check_backchannel()
             elif ev.kind == "end_of_turn":
                 self._on_end_of_turn()
+        if self._speech_end is not None and self._vad_pos - self._speech_end >= SEARCH_SAMPLES:
+            self._settle_speech_end()
         if self._speech_start is not None and self.state in (CallState.THINKING, CallState.SPEAKING):
             speech_ms = (self.detector.stream.samples_processed - self._speech_start) * 1000 / PIPELINE_RATE
             threshold = self.cfg.backchannel_max_ms if self._over_agent() else self.cfg.barge_in_min_speech_ms
@@ -257,6 +262,17 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         recent = np.concatenate(self._preroll)
         first = self._vad_pos - len(recent)
         return first + audible_end(recent, vad_end - first, PIPELINE_RATE)
+
+    def _settle_speech_end(self) -> None:
+        """The timeline's speech end taken again from the audio that came after the VAD reported it: at the report
+        only `min_silence_ms` less the padding had come (~75 ms), too little to follow a soft final sound (a
+        fricative the VAD scored as silence) to its end. Settled once `SEARCH_MS` has come, or at the end of turn
+        if that is sooner (the caller audio kept, `PREROLL_S`, still reaches back over the search then)."""
+        end = self._speech_end
+        if end is None or self._speech_end_settled or "speech_end" not in self._next_timeline:
+            return
+        self._next_timeline["speech_end"] = self._sample_time(self._audible_end(end))
+        self._speech_end_settled = self._vad_pos - end >= SEARCH_SAMPLES
 
     def _on_speech_start(self, sample: int, chunk_start: int) -> None:
         self._speech_start = sample
@@ -301,6 +317,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             future = self.stt.finish(self._stt_end())
         self._turns += 1
         now = self._since()
+        self._settle_speech_end()
         timeline = {**self._next_timeline, "end_of_turn": now}
         timeline.setdefault("speech_end", now)  # set at the VAD's speech_end, unless the turn ended without one
         self._next_timeline = {}

@@ -14,9 +14,10 @@ import numpy as np
 FRAME_MS = 10
 AUDIBLE_PEAK = 300  # int16 peak (about -40 dBFS) below which a frame is not speech
 NOISE_MARGIN = 4.0  # on a noisy line a frame must peak this many times above the quietest frames
+SEARCH_MS = 150  # how far the end may move either way
 
 
-def audible_end(audio: np.ndarray, end: int, rate: int, search_ms: int = 150) -> int:
+def audible_end(audio: np.ndarray, end: int, rate: int, search_ms: int = SEARCH_MS) -> int:
     """`end` moved, by at most `search_ms` either way, to the end of the audible sound it falls in or after.
 
     A frame is audible when it peaks above `AUDIBLE_PEAK` and `NOISE_MARGIN` times the quietest tenth of
