@@ -164,9 +164,9 @@ class LLMSettings(Section):
     # more)
     prepack_linears: bool = True
     # The linear layers' weight format (voicepipe/llm/weights.py): "auto" is the fastest format that passes the
-    # quality check at load (int8 on a CPU with fbgemm, else fp32; bf16 on CUDA); an unavailable format is logged and
+    # quality check at load (on a CPU q4, int8, fp16, else fp32; bf16 on CUDA); an unavailable format is logged and
     # chosen as "auto" chooses
-    weights: Literal["auto", "fp32", "fp16", "bf16", "int8"] = "auto"
+    weights: Literal["auto", "fp32", "fp16", "bf16", "int8", "q4"] = "auto"
     # run Llama-family models through voicepipe's own forward (voicepipe/llm/decoder.py); off: transformers' modules,
     # in the model's own dtype (the path before it, kept for comparison and for models it cannot run)
     fast_decoder: bool = True

@@ -107,13 +107,17 @@ def test_an_unavailable_format_is_logged_and_auto_chooses(tiny_model, monkeypatc
 
 
 def test_auto_takes_the_first_candidate_that_passes_the_check(tiny_model, monkeypatch) -> None:
-    verdicts = {"int8": quality.QualityReport(0.95, 1.01), "fp16": quality.QualityReport(1.0, 1.0)}
+    verdicts = {"q4": quality.QualityReport(0.97, 1.05), "int8": quality.QualityReport(0.95, 1.01),
+                "fp16": quality.QualityReport(1.0, 1.0)}
     monkeypatch.setattr(quality, "check", lambda model, tokenizer, decoder: verdicts[decoder.format])
     choice, decoder = quality.choose_weights(tiny_model, WordTokenizer(), "auto")
     assert choice.format == "fp16" == decoder.format
     assert "int8 fails the quality check: argmax agreement 95.0%" in choice.reason
+    assert "q4 fails the quality check: argmax agreement 97.0%" in choice.reason
     verdicts["int8"] = quality.QualityReport(0.995, 1.02)
     assert quality.choose_weights(tiny_model, WordTokenizer(), "auto")[0].format == "int8"
+    verdicts["q4"] = quality.QualityReport(1.0, 1.0)
+    assert quality.choose_weights(tiny_model, WordTokenizer(), "auto")[0].format == "q4"
 
 
 def test_a_format_is_checked_against_the_model_itself(tiny_model) -> None:

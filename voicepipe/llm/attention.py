@@ -63,11 +63,14 @@ class DecodeBatch:
     its own plane of the pool. ``pattern`` is the sparse CSR [kv_heads, B * group, pool slots] whose row (b, g) holds
     sequence b's slots; ``bag_ids`` [kv_heads * B * group, Lmax] are the same slots as rows of the value pool viewed
     [kv_heads * slots, head_dim]. ``mask`` [B, Lmax] is additive (0 / -inf) for the padding, None when all lengths
-    are equal."""
+    are equal. ``history`` [B, Lmax] and ``lengths`` [B] are the slots and their counts as such (the fused decode
+    reads them, ``decoder.py``)."""
 
     pattern: torch.Tensor
     bag_ids: torch.Tensor
     mask: torch.Tensor | None
+    history: torch.Tensor
+    lengths: torch.Tensor
 
     @classmethod
     def build(cls, slots: torch.Tensor, lengths: list[int], kv_heads: int, group: int, pool_slots: int,
@@ -82,10 +85,10 @@ class DecodeBatch:
         planes = torch.arange(kv_heads, device=dev)[:, None] * pool_slots
         bag_ids = (rows + planes).view(kv_heads * b * group, width)
         mask = None
+        counts = torch.tensor(lengths, device=dev)
         if min(lengths) < width:
-            mask = additive_mask(torch.arange(width, device=dev)[None, :] < torch.tensor(lengths, device=dev)[:, None],
-                                 dtype)
-        return cls(pattern, bag_ids, mask)
+            mask = additive_mask(torch.arange(width, device=dev)[None, :] < counts[:, None], dtype)
+        return cls(pattern, bag_ids, mask, slots.contiguous(), counts)
 
 
 @dataclass

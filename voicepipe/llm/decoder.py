@@ -20,7 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from voicepipe.llm.attention import PagedKVCache, StepAborted, StepLayout, attend
+from voicepipe.llm import blockq
+from voicepipe.llm.attention import DecodeBatch, PagedKVCache, StepAborted, StepLayout, attend
+from voicepipe.llm.blockq import BlockLinear
 from voicepipe.llm.weights import activation_dtype, make_linear, smoothing, smoothing_from
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
@@ -139,7 +141,10 @@ class Decoder:
             s = smoothing(head_w, act_max[head])
             norm, head_w = norm / s, head_w * s
         self.norm = norm.to(dtype)
-        self.lm_head = make_linear(fmt, head_w, head.bias, pack)
+        self.lm_head = make_linear(fmt, head_w, head.bias, pack, output=True)
+        self.fused = fmt == "q4" and all(isinstance(lin, BlockLinear) and lin.bias is None for layer in self.layers
+                                         for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)) \
+            and all(layer.q_norm is None for layer in self.layers) and self.head_dim % 16 == 0
 
     def _smooth_layer(self, w: dict, qkv_in: torch.Tensor, o_in: torch.Tensor, gate_up_in: torch.Tensor,
                       down_in: torch.Tensor) -> None:
@@ -184,6 +189,9 @@ class Decoder:
         n_rot = (heads + kv_heads) * hd
         x = F.embedding(ids, self.embed)
         rot = self.rotation(positions)
+        if self.fused and layout.decode_only and t <= blockq.FEW_ROWS and isinstance(layout.decode,
+                                                                                     (slice, DecodeBatch)):
+            return self._fused_decode(x, rot, layout, keep, cache)
         for i, layer in enumerate(self.layers):
             if cache.abort_requested:
                 raise StepAborted
@@ -203,7 +211,29 @@ class Decoder:
             x.add_(layer.o(o.reshape(t, heads * hd)))
             gu = layer.gate_up(F.rms_norm(x, (self.hidden,), layer.norm_post, self.eps))
             x.add_(layer.down(F.silu(gu[:, :self.intermediate]) * gu[:, self.intermediate:]))
+        return self._logits(x, keep)
+
+    def _logits(self, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor | None:
         if keep is None:
             return None
         x = x.index_select(0, keep)
         return self.lm_head(F.rms_norm(x, (self.hidden,), self.norm, self.eps)).float()
+
+    def _fused_decode(self, x: torch.Tensor, rot: torch.Tensor, layout: StepLayout, keep: torch.Tensor | None,
+                      cache: PagedKVCache) -> torch.Tensor | None:
+        """A decode-only step of a few rows, each layer in one native call (``blockq.decode_layer``): the same
+        arithmetic as the loop in ``forward`` without its ~40 tensor ops a layer."""
+        if isinstance(layout.decode, slice):
+            history = torch.arange(layout.decode.start, layout.decode.stop, device=x.device)[None]
+            lengths = torch.tensor([history.shape[1]], device=x.device)
+        else:
+            history, lengths = layout.decode.history, layout.decode.lengths
+        rot = torch.view_as_real(rot).contiguous()
+        kernels = blockq.native()
+        for i, layer in enumerate(self.layers):
+            if cache.abort_requested:
+                raise StepAborted
+            kernels.decode_layer(x, layer.norm_in, layer.norm_post, layer.qkv.blocks, layer.o.blocks,
+                                 layer.gate_up.blocks, layer.down.blocks, rot, cache.k[i], cache.v[i], layout.slots,
+                                 history, lengths, self.num_heads, self.eps, self.scale)
+        return self._logits(x, keep)

@@ -160,6 +160,18 @@ def build_decoder(model, tokenizer, fmt: str, pack: bool = True) -> Decoder:
     return memo[key]
 
 
+def _decoder_or_reason(model, tokenizer, fmt: str, pack: bool) -> tuple[Decoder | None, str | None]:
+    """The decoder in ``fmt``, or why it cannot be built here (the machine, or the model's shapes: q4's blocks
+    need widths in multiples of 32)."""
+    why = format_unsupported(fmt, next(model.parameters()).device)
+    if why is not None:
+        return None, why
+    try:
+        return build_decoder(model, tokenizer, fmt, pack), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
 def choose_weights(model, tokenizer, requested: str, pack: bool = True,
                    fast_decoder: bool = True) -> tuple[WeightChoice, Decoder | None]:
     """The format to run (``llm.weights``) and its decoder; None for a model the decoder cannot run (or with
@@ -178,18 +190,16 @@ def choose_weights(model, tokenizer, requested: str, pack: bool = True,
         return WeightChoice(own, own_dtype, f"transformers' modules ({why})"), None
     candidates = auto_candidates(device)
     if requested != "auto":
-        why = format_unsupported(requested, device)
-        if why is None:
-            return WeightChoice(requested, activation_dtype(requested, device), "set by llm.weights"), \
-                build_decoder(model, tokenizer, requested, pack)
+        decoder, why = _decoder_or_reason(model, tokenizer, requested, pack)
+        if decoder is not None:
+            return WeightChoice(requested, activation_dtype(requested, device), "set by llm.weights"), decoder
         log.warning("llm.weights = %s is not available: %s; choosing as 'auto' does", requested, why)
     passed_over = []
     for i, fmt in enumerate(candidates):
-        why = format_unsupported(fmt, device)
-        if why is not None:
+        decoder, why = _decoder_or_reason(model, tokenizer, fmt, pack)
+        if decoder is None:
             passed_over.append(f"{fmt}: {why}")
             continue
-        decoder = build_decoder(model, tokenizer, fmt, pack)
         if i == len(candidates) - 1:
             reason = "; ".join(passed_over) or "the only candidate"
             return WeightChoice(fmt, activation_dtype(fmt, device), f"auto on {device.type} ({reason})"), decoder

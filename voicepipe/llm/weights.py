@@ -11,9 +11,12 @@ A decode step reads every weight once and is bound by memory bandwidth, so the b
   ``quantize_dynamic``) 190 %, so each layer's input channels are first smoothed (SmoothQuant, alpha 0.5: the
   activation channel divided by ``s``, the weight column multiplied by it, ``s`` from activation maxima measured on
   a calibration text at load). On CUDA: weight-only (``torch._weight_int8pack_mm``) where the build has the kernel.
+- ``q4``: 4-bit codes in blocks of 32 inputs with a scale and an offset each, float32 activations and sums, on
+  voicepipe's native kernels (``blockq.py``; CPUs with AVX-512); the output projection in fp16. Lossless for the
+  layers of a model converted from a Q4_1 GGUF, as the default SmolLM2 is.
 - ``auto``: the fastest format on this hardware that passes the quality check (``quality.py``) against the model's
-  own weights: on the CPU int8 (measured here, all of SmolLM2's linears: 10.4 ms a decode row against 29-33 ms in
-  fp32 and 17.7 in bf16), else fp32; on CUDA bf16.
+  own weights: on the CPU q4, then int8, fp16 (measured here, all of SmolLM2's linears, one decode row: q4 8.5 ms,
+  int8 10.4, fp16 11.2 against 29-33 in fp32 and 17.7 in bf16), else fp32; on CUDA bf16.
 
 Each format gives a kernel per weight matrix (``make_linear``): a callable ``[rows, in] -> [rows, out]``.
 """
@@ -27,11 +30,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from voicepipe.llm import prepack
+from voicepipe.llm import blockq, prepack
+from voicepipe.llm.blockq import BlockLinear
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "fp32", "fp16", "bf16", "int8")
+FORMATS = ("auto", "fp32", "fp16", "bf16", "int8", "q4")
 SMOOTH_ALPHA = 0.5
 
 
@@ -78,6 +82,8 @@ def unsupported_reason(fmt: str, device: torch.device) -> str | None:
                 return "this torch build has no CUDA kernel for int8 weight-only matmuls"
             return None
         return f"int8 is not available on {device.type}"
+    if fmt == "q4":
+        return blockq.unavailable_reason() if device.type == "cpu" else "q4 is a CPU format (its kernels are x86)"
     return f"unknown weight format {fmt!r} (use one of {', '.join(FORMATS)})"
 
 
@@ -85,7 +91,7 @@ def auto_candidates(device: torch.device) -> list[str]:
     """The formats ``auto`` tries, fastest first (the last one needs no quality check)."""
     if device.type == "cuda":
         return ["bf16", "fp16", "fp32"]
-    return ["int8", "fp16", "fp32"]
+    return ["q4", "int8", "fp16", "fp32"]
 
 
 # -- kernels --------------------------------------------------------------------------------------------------------
@@ -178,11 +184,14 @@ class WeightOnlyInt8Linear:
         return y if self.bias is None else y + self.bias
 
 
-def make_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True):
+def make_linear(fmt: str, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True,
+                output: bool = False):
     """The kernel of one weight matrix ``[out, in]`` in format ``fmt`` on the weight's device; ``pack``: float
-    weights on the CPU are packed for oneDNN."""
+    weights on the CPU are packed for oneDNN; ``output``: the model's output projection (q4 keeps it in fp16)."""
     device = weight.device
     weight = weight.detach()
+    if fmt == "q4":
+        return Fp16Linear(weight, bias) if output else BlockLinear(weight, bias)
     if fmt == "fp16" and device.type == "cpu":
         return Fp16Linear(weight, bias)
     if fmt == "int8":

@@ -1,0 +1,149 @@
+"""The q4 format's blocks and native kernels (voicepipe/llm/blockq.py): weights made of blocks come back exactly,
+the kernel computes the matmul of the blocks with each row independent of the others, and a decode step run
+layer by layer in one native call each gives the logits and the K/V of the step run op by op.
+
+The kernels are built with this machine's compiler (about 20 s the first time on a machine); they need AVX-512,
+which the CI machines have: only on a CPU without it are these tests skipped, and there ``q4`` must say why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from voicepipe.llm import blockq
+from voicepipe.llm.blockq import FEW_ROWS, BlockLinear, dequantize, quantize
+from voicepipe.llm.decoder import Decoder
+from voicepipe.llm.request import Request
+from voicepipe.llm.runner import ModelRunner
+from voicepipe.llm.sampling import SamplingParams
+from voicepipe.llm.scheduler import ScheduledItem
+from voicepipe.llm.session import Session
+from voicepipe.llm.weights import unsupported_reason
+
+AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+needs_avx512 = pytest.mark.skipif(not AVX512, reason="the q4 kernels need an AVX-512 CPU")
+
+
+def blocky_weight(out: int, inp: int, seed: int = 0) -> torch.Tensor:
+    """A weight made of Q4_1 blocks as a GGUF holds them: 4-bit codes times a half-precision scale plus offset."""
+    g = torch.Generator().manual_seed(seed)
+    nb = inp // 32
+    scale = (torch.rand(out, nb, 1, generator=g) * 0.05 + 0.001).half().float()
+    codes = torch.randint(0, 16, (out, nb, 32), generator=g)
+    codes[:, :, 0], codes[:, :, 1] = 0, 15  # Q4_1's blocks span their range
+    offset = (torch.randn(out, nb, 1, generator=g) * 0.3).half().float()
+    return (codes * scale + offset).reshape(out, inp)
+
+
+def test_weights_made_of_blocks_come_back_exactly() -> None:
+    weight = blocky_weight(40, 96)
+    weight[3, 32:64] = 0.25  # a constant block: no range, still exact
+    assert torch.equal(dequantize(quantize(weight)), weight)
+    codes, scale, offset = quantize(weight)
+    assert codes.dtype == torch.uint8 and codes.shape == (40, 48) and scale.shape == offset.shape == (40, 3)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        quantize(torch.randn(4, 40))
+
+
+def test_any_weight_is_rounded_to_within_half_a_step_of_its_block() -> None:
+    weight = torch.randn(16, 64)
+    back = dequantize(quantize(weight)).view(16, 2, 32)
+    blocks = weight.view(16, 2, 32)
+    step = (blocks.amax(-1) - blocks.amin(-1)) / 15
+    assert ((back - blocks).abs() <= step[..., None] / 2 + 1e-6).all()
+
+
+@needs_avx512
+@torch.inference_mode()
+def test_the_kernel_is_the_matmul_of_the_blocks_and_a_row_does_not_depend_on_the_others() -> None:
+    weight = blocky_weight(100, 128, seed=1)  # 100 outputs: the tiles' remainders too
+    bias = torch.randn(100)
+    x = torch.randn(FEW_ROWS + 3, 128)
+    lin = BlockLinear(weight, bias)
+    want = F.linear(x, weight, bias)
+    few = lin(x[:FEW_ROWS])
+    torch.testing.assert_close(few, want[:FEW_ROWS], rtol=1e-5, atol=1e-5)
+    for i in range(FEW_ROWS):
+        assert torch.equal(lin(x[i:i + 1]), few[i:i + 1])
+    torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)  # more rows: oneDNN on the dequantized copy
+
+
+@needs_avx512
+def test_bad_arguments_raise_instead_of_crashing() -> None:
+    blocks = quantize(torch.randn(8, 64))
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        blockq.native().linear(torch.randn(2, 32), blocks)
+    with pytest.raises(RuntimeError, match="codes"):
+        blockq.native().linear(torch.randn(2, 64), [blocks[0][:4], blocks[1], blocks[2]])
+
+
+def test_without_avx512_q4_says_why(monkeypatch) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    blockq.unavailable_reason.cache_clear()
+    try:
+        assert "need an AVX-512 CPU (this one: AVX2)" in unsupported_reason("q4", torch.device("cpu"))
+    finally:
+        blockq.unavailable_reason.cache_clear()
+    assert "CPU format" in unsupported_reason("q4", torch.device("cuda"))
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                         max_position_embeddings=256)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+@needs_avx512
+@torch.inference_mode()
+def test_a_fused_decode_step_is_the_step_run_op_by_op() -> None:
+    """Three sequences on scattered blocks: decode steps of one sequence (its history a slice of the pool) and of
+    all three (histories of different lengths, read by slot), fused and op by op, on twin pools."""
+    model = tiny_llama()
+    decoder = Decoder(model, "q4")
+    assert decoder.fused
+    runners = {fused: ModelRunner(model, num_blocks=24, block_size=4, decoder=decoder) for fused in (True, False)}
+    fused_calls = []
+    fused_decode = decoder._fused_decode
+    decoder._fused_decode = lambda *args: fused_calls.append(1) or fused_decode(*args)
+
+    def step(items, fused: bool):
+        decoder.fused = fused
+        return runners[fused].forward(items)
+
+    g = torch.Generator().manual_seed(2)
+    tables = [[8, 9, 10, 11, 12], [3, 17, 5, 21, 1], [14, 2, 19, 7, 23]]
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (9, 6, 11)]
+    requests = []
+    for ids, table in zip(prompts, tables, strict=True):
+        session = Session(ids=list(ids), block_table=table)
+        requests.append(Request(session=session, params=SamplingParams()))
+        for fused in (True, False):
+            step([ScheduledItem(requests[-1], 0, len(ids))], fused)
+        session.num_cached = len(ids)
+
+    def decode(reqs) -> None:
+        items = []
+        for req in reqs:
+            req.session.ids.append(int(torch.randint(0, 96, (1,), generator=g)))
+            items.append(ScheduledItem(req, len(req.session.ids) - 1, 1))
+        calls = len(fused_calls)
+        got, want = step(items, True), step(items, False)
+        assert len(fused_calls) == calls + 1
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for req in reqs:
+            req.session.num_cached = len(req.session.ids)
+
+    decode(requests[:1])  # one sequence in consecutive blocks
+    decode(requests)
+    decode(requests[1:])
+    for layer in range(2):
+        torch.testing.assert_close(runners[True].cache.k[layer], runners[False].cache.k[layer], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(runners[True].cache.v[layer], runners[False].cache.v[layer], rtol=1e-5, atol=1e-5)

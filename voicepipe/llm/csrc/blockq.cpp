@@ -1,0 +1,233 @@
+// Block-quantized weights and a fused decode layer for the CPU (AVX-512), built at first use by blockq.py.
+//
+// A weight matrix [out, in] is stored in blocks of 32 inputs, each with its own scale d and offset m: w = d * q + m
+// with 4-bit codes q in 0..15, two a byte (inputs 0-15 in the low nibbles, 16-31 in the high ones, as GGUF's Q4_1
+// lays them out). Products and sums are float32, so a model whose weights came from such blocks is multiplied
+// exactly.
+//
+// Each output row's sums are taken in one fixed order whatever the number of rows in the call, so a row's result
+// does not depend on the other rows of a step: batching and speculation give the same tokens.
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+constexpr int kBlock = 32;
+
+struct Blocks {
+  const uint8_t* codes;
+  const float* scale;
+  const float* offset;
+  int64_t out, in;
+};
+
+Blocks blocks_of(const std::vector<torch::Tensor>& w) {
+  TORCH_CHECK(w.size() == 3, "block weights: (codes, scales, offsets)");
+  const auto& scale = w[1];
+  TORCH_CHECK(scale.dtype() == torch::kFloat32 && scale.is_contiguous() && scale.dim() == 2, "scales: [out, in/32]");
+  const int64_t out = scale.size(0), in = scale.size(1) * kBlock;
+  TORCH_CHECK(w[0].dtype() == torch::kUInt8 && w[0].is_contiguous() && w[0].numel() == out * in / 2,
+              "codes: uint8 [out, in/2]");
+  TORCH_CHECK(w[2].dtype() == torch::kFloat32 && w[2].is_contiguous() && w[2].numel() == scale.numel(),
+              "offsets: float32 like the scales");
+  return {w[0].data_ptr<uint8_t>(), scale.data_ptr<float>(), w[2].data_ptr<float>(), out, in};
+}
+
+// The 32 weights of one block as two vectors (inputs 0-15 and 16-31).
+inline void dequant(const Blocks& w, int64_t block, __m512& lo, __m512& hi) {
+  const __m512 d = _mm512_set1_ps(w.scale[block]);
+  const __m512 m = _mm512_set1_ps(w.offset[block]);
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + block * 16)));
+  lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), d, m);
+  hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
+}
+
+// Outputs j .. j+J of rows 0 .. R of x: y[r, j+t] = sum over blocks of w[j+t, block] . x[r, block]. Each block is
+// dequantized where it is used, once for all R rows.
+template <int R, int J>
+void tile(const Blocks& w, const float* x, float* y, int64_t ldy, int64_t j) {
+  const int64_t nb = w.in / kBlock;
+  __m512 acc[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < J; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512 xl[R], xh[R];
+    for (int r = 0; r < R; ++r) {
+      xl[r] = _mm512_loadu_ps(x + r * w.in + b * kBlock);
+      xh[r] = _mm512_loadu_ps(x + r * w.in + b * kBlock + 16);
+    }
+    for (int t = 0; t < J; ++t) {
+      __m512 lo, hi;
+      dequant(w, (j + t) * nb + b, lo, hi);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(hi, xh[r], _mm512_fmadd_ps(lo, xl[r], acc[r][t]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < J; ++t) y[r * ldy + j + t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int R>
+void outputs(const Blocks& w, const float* x, float* y, int64_t ldy, int64_t j0, int64_t j1) {
+  constexpr int J = R <= 2 ? 4 : 2;
+  int64_t j = j0;
+  for (; j + J <= j1; j += J) tile<R, J>(w, x, y, ldy, j);
+  for (; j < j1; ++j) tile<R, 1>(w, x, y, ldy, j);
+}
+
+// y [rows, out] = x [rows, in] times the weights (transposed); the threads split the outputs. Made for a few rows
+// (decode steps): the weights are read once per 4 rows and dequantized each time.
+void matmul(const Blocks& w, const float* x, int64_t rows, float* y) {
+  at::parallel_for(0, w.out, 64, [&](int64_t j0, int64_t j1) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) outputs<4>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
+    for (; r + 2 <= rows; r += 2) outputs<2>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
+    for (; r < rows; ++r) outputs<1>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
+  });
+}
+
+void check_rows(const torch::Tensor& x, int64_t in) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == in,
+              "x: contiguous float32 [rows, ", in, "]");
+}
+
+void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t dim, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float sum = 0.f;
+    for (int64_t i = 0; i < dim; ++i) sum += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(sum / dim + eps);
+    for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = xr[i] * inv * weight[i];
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
+}  // namespace
+
+torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weight) {
+  const Blocks w = blocks_of(weight);
+  check_rows(x, w.in);
+  auto y = torch::empty({x.size(0), w.out}, x.options());
+  matmul(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+  return y;
+}
+
+// One decoder layer for decode rows (one new token per sequence), in place on the residual stream x [rows, hidden]:
+// RMSNorm, the fused q/k/v projection, the rotary multiply (q and k rows permuted at load so that each rotated pair
+// of dimensions sits side by side), the new K/V into their pool slots, attention over each row's history slots,
+// the output projection, RMSNorm, the fused gate/up projection, SiLU gate, the down projection.
+void decode_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Tensor& norm_post,
+                  const std::vector<torch::Tensor>& qkv_w, const std::vector<torch::Tensor>& o_w,
+                  const std::vector<torch::Tensor>& gate_up_w, const std::vector<torch::Tensor>& down_w,
+                  const torch::Tensor& rotation, torch::Tensor k_pool, torch::Tensor v_pool, const torch::Tensor& slots,
+                  const torch::Tensor& history, const torch::Tensor& lengths, int64_t heads, double eps,
+                  double scale) {
+  const Blocks qkv = blocks_of(qkv_w), o = blocks_of(o_w), gate_up = blocks_of(gate_up_w), down = blocks_of(down_w);
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  const int64_t kv_heads = k_pool.size(0), pool_slots = k_pool.size(1), hd = k_pool.size(2);
+  const int64_t group = heads / kv_heads, inter = gate_up.out / 2, width = history.size(1);
+  check_rows(x, hidden);
+  TORCH_CHECK(qkv.in == hidden && qkv.out == (heads + 2 * kv_heads) * hd && o.in == heads * hd && o.out == hidden &&
+                  gate_up.in == hidden && down.in == inter && down.out == hidden && hd % 16 == 0,
+              "decode_layer: weight shapes do not fit the model's");
+  TORCH_CHECK(k_pool.dtype() == torch::kFloat32 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
+                  v_pool.sizes() == k_pool.sizes(), "pools: float32 [kv_heads, slots, head_dim]");
+  TORCH_CHECK(rotation.dtype() == torch::kFloat32 && rotation.is_contiguous() && rotation.numel() == rows * hd,
+              "rotation: float32 [rows, head_dim / 2, 2] (cos, sin)");
+  TORCH_CHECK(slots.dtype() == torch::kLong && history.dtype() == torch::kLong && lengths.dtype() == torch::kLong &&
+                  slots.numel() == rows && history.size(0) == rows && lengths.numel() == rows &&
+                  history.is_contiguous(), "slots [rows], history [rows, width], lengths [rows]: int64");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* hist = history.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < pool_slots && len[r] >= 1 && len[r] <= width, "slots out of the pool");
+
+  float* xs = x.data_ptr<float>();
+  float* kp = k_pool.data_ptr<float>();
+  float* vp = v_pool.data_ptr<float>();
+  const float* rot = rotation.data_ptr<float>();
+  auto opts = x.options();
+  auto h = torch::empty({rows, hidden}, opts);
+  auto qkv_out = torch::empty({rows, qkv.out}, opts);
+  auto attn = torch::empty({rows, heads * hd}, opts);
+  auto gu = torch::empty({rows, gate_up.out}, opts);
+  auto act = torch::empty({rows, inter}, opts);
+  auto proj = torch::empty({rows, hidden}, opts);
+  float* hp = h.data_ptr<float>();
+  float* qkvp = qkv_out.data_ptr<float>();
+
+  rms_norm(xs, norm_in.data_ptr<float>(), eps, rows, hidden, hp);
+  matmul(qkv, hp, rows, qkvp);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = qkvp + r * qkv.out;
+    const float* rr = rot + r * hd;
+    for (int64_t head = 0; head < heads + kv_heads; ++head)
+      for (int64_t p = 0; p < hd / 2; ++p) {
+        float* pair = row + head * hd + 2 * p;
+        const float a = pair[0], b = pair[1], c = rr[2 * p], s = rr[2 * p + 1];
+        pair[0] = a * c - b * s;
+        pair[1] = a * s + b * c;
+      }
+    for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+      std::copy_n(row + (heads + kvh) * hd, hd, kp + (kvh * pool_slots + slot[r]) * hd);
+      std::copy_n(row + (heads + kv_heads + kvh) * hd, hd, vp + (kvh * pool_slots + slot[r]) * hd);
+    }
+  }
+  float* attnp = attn.data_ptr<float>();
+  at::parallel_for(0, rows * heads, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> p(width);
+    std::vector<float> acc(hd);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / heads, head = i % heads, kvh = head / group, n = len[r];
+      const float* q = qkvp + r * qkv.out + head * hd;
+      const int64_t* hs = hist + r * width;
+      const float* kbase = kp + kvh * pool_slots * hd;
+      const float* vbase = vp + kvh * pool_slots * hd;
+      float top = -INFINITY;
+      for (int64_t l = 0; l < n; ++l) {
+        p[l] = dot(q, kbase + hs[l] * hd, hd) * static_cast<float>(scale);
+        top = std::max(top, p[l]);
+      }
+      float total = 0.f;
+      for (int64_t l = 0; l < n; ++l) total += (p[l] = std::exp(p[l] - top));
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t l = 0; l < n; ++l) {
+        const __m512 pl = _mm512_set1_ps(p[l]);
+        const float* v = vbase + hs[l] * hd;
+        for (int64_t d = 0; d < hd; d += 16)
+          _mm512_storeu_ps(acc.data() + d, _mm512_fmadd_ps(pl, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc.data() + d)));
+      }
+      float* out = attnp + r * heads * hd + head * hd;
+      for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] / total;
+    }
+  });
+  float* projp = proj.data_ptr<float>();
+  matmul(o, attnp, rows, projp);
+  for (int64_t i = 0; i < rows * hidden; ++i) xs[i] += projp[i];
+  rms_norm(xs, norm_post.data_ptr<float>(), eps, rows, hidden, hp);
+  float* gup = gu.data_ptr<float>();
+  float* actp = act.data_ptr<float>();
+  matmul(gate_up, hp, rows, gup);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const float g = gup[r * gate_up.out + i];
+      actp[r * inter + i] = g / (1.f + std::exp(-g)) * gup[r * gate_up.out + inter + i];
+    }
+  matmul(down, actp, rows, projp);
+  for (int64_t i = 0; i < rows * hidden; ++i) xs[i] += projp[i];
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "x [rows, in] times block-quantized weights -> [rows, out]");
+  m.def("decode_layer", &decode_layer, "one decoder layer for decode rows, in place on x");
+}
