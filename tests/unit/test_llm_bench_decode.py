@@ -24,10 +24,12 @@ def report(auto: str, tok_s: dict[str, float]) -> dict:
 
 
 def test_the_best_engine_is_the_faster_of_autos_format_with_and_without_speculation() -> None:
-    tok_s = {"fp32": 12.0, "fp32_decoder": 15.0, "fp16": 30.0, "fp16_spec": 40.0, "int8": 50.0, "int8_spec": 60.0}
+    tok_s = {"fp32": 12.0, "fp32_decoder": 15.0, "q4": 70.0, "q4_spec": 65.0, "fp16": 30.0, "fp16_spec": 40.0,
+             "int8": 50.0, "int8_spec": 60.0}
     flat = summarize(report("fp16", tok_s))
     assert flat["engine_best"] == "fp16_spec"  # int8 is faster, but auto did not pick it: it failed the bound
     assert flat["speedup_best_over_fp32"] == round(40 / 12, 3)
     assert flat["throughput_16_best_over_fp32"] == round(160 / 48, 3)
     assert flat["spec_acceptance_rate"] == 0.5 and flat["step_overhead_ms"] == 3.0
     assert summarize(report("int8", tok_s))["engine_best"] == "int8_spec"
+    assert summarize(report("q4", tok_s))["engine_best"] == "q4"  # speculation slower here: the plain path is best

@@ -104,12 +104,13 @@ def tiny_llama():
 @needs_avx512
 @torch.inference_mode()
 def test_a_fused_decode_step_is_the_step_run_op_by_op() -> None:
-    """Three sequences on scattered blocks: decode steps of one sequence (its history a slice of the pool) and of
-    all three (histories of different lengths, read by slot), fused and op by op, on twin pools."""
+    """Six sequences on scattered blocks: decode steps of one sequence (its history a slice of the pool), of three
+    and of six (histories of different lengths, read by slot; past ``FEW_ROWS`` the op-by-op step multiplies on
+    oneDNN), fused and op by op, on twin pools."""
     model = tiny_llama()
     decoder = Decoder(model, "q4")
     assert decoder.fused
-    runners = {fused: ModelRunner(model, num_blocks=24, block_size=4, decoder=decoder) for fused in (True, False)}
+    runners = {fused: ModelRunner(model, num_blocks=40, block_size=4, decoder=decoder) for fused in (True, False)}
     fused_calls = []
     fused_decode = decoder._fused_decode
     decoder._fused_decode = lambda *args: fused_calls.append(1) or fused_decode(*args)
@@ -119,8 +120,9 @@ def test_a_fused_decode_step_is_the_step_run_op_by_op() -> None:
         return runners[fused].forward(items)
 
     g = torch.Generator().manual_seed(2)
-    tables = [[8, 9, 10, 11, 12], [3, 17, 5, 21, 1], [14, 2, 19, 7, 23]]
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (9, 6, 11)]
+    scattered = torch.randperm(35, generator=g).add_(5).view(7, 5).tolist()
+    tables = [[0, 1, 2, 3, 4], *scattered[:5]]
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (9, 6, 11, 3, 12, 7)]
     requests = []
     for ids, table in zip(prompts, tables, strict=True):
         session = Session(ids=list(ids), block_table=table)
@@ -142,6 +144,7 @@ def test_a_fused_decode_step_is_the_step_run_op_by_op() -> None:
             req.session.num_cached = len(req.session.ids)
 
     decode(requests[:1])  # one sequence in consecutive blocks
+    decode(requests[:3])
     decode(requests)
     decode(requests[1:])
     for layer in range(2):

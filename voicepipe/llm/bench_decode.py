@@ -5,10 +5,10 @@ do), voice-agent prompts (a short system prompt, a caller's question; half of th
 
 - ``baseline``: transformers ``generate`` (one prompt at a time; 16 prompts as one left-padded batch);
 - ``fp32``: today's engine path (transformers' modules, oneDNN-packed float32: ``llm.fast_decoder = false``);
-- ``fp32_decoder``: voicepipe's decoder in float32; ``fp16`` and ``int8``: the decoder in those weight formats;
-  ``*_spec``: with prompt-lookup speculation (``llm.speculative = "ngram"``). The ``engine_best`` keys are the
-  better of the format ``auto`` picks on this machine (on these CPUs fp16: int8 fails the quality bound) with and
-  without speculation.
+- ``fp32_decoder``: voicepipe's decoder in float32; ``q4``, ``fp16`` and ``int8``: the decoder in those weight
+  formats; ``*_spec``: with prompt-lookup speculation (``llm.speculative = "ngram"``). The ``engine_best`` keys are
+  the better of the format ``auto`` picks on this machine (on these CPUs q4: lossless for SmolLM2's Q4_1 weights;
+  int8 fails the quality bound) with and without speculation.
 
 Single stream: the prompts one at a time, each configuration in turn per prompt (so a drift of the shared machine
 lands on all of them), decode tokens/s = tokens after the first / time from the first to the last. 16 sessions: 16
@@ -39,6 +39,8 @@ PROMPTS = [
 CONFIGS: dict[str, dict[str, Any]] = {
     "fp32": {"fast_decoder": False, "weights": "fp32", "speculative": "off"},
     "fp32_decoder": {"weights": "fp32", "speculative": "off"},
+    "q4": {"weights": "q4", "speculative": "off"},
+    "q4_spec": {"weights": "q4", "speculative": "ngram"},
     "fp16": {"weights": "fp16", "speculative": "off"},
     "fp16_spec": {"weights": "fp16", "speculative": "ngram"},
     "int8": {"weights": "int8", "speculative": "off"},

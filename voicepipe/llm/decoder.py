@@ -189,8 +189,8 @@ class Decoder:
         n_rot = (heads + kv_heads) * hd
         x = F.embedding(ids, self.embed)
         rot = self.rotation(positions)
-        if self.fused and layout.decode_only and t <= blockq.FEW_ROWS and isinstance(layout.decode,
-                                                                                     (slice, DecodeBatch)):
+        if self.fused and layout.decode_only and t <= blockq.FUSED_ROWS and isinstance(layout.decode,
+                                                                                       (slice, DecodeBatch)):
             return self._fused_decode(x, rot, layout, keep, cache)
         for i, layer in enumerate(self.layers):
             if cache.abort_requested:
@@ -221,8 +221,9 @@ class Decoder:
 
     def _fused_decode(self, x: torch.Tensor, rot: torch.Tensor, layout: StepLayout, keep: torch.Tensor | None,
                       cache: PagedKVCache) -> torch.Tensor | None:
-        """A decode-only step of a few rows, each layer in one native call (``blockq.decode_layer``): the same
-        arithmetic as the loop in ``forward`` without its ~40 tensor ops a layer."""
+        """A decode-only step of up to ``blockq.FUSED_ROWS`` rows, each layer in one native call
+        (``blockq.decode_layer``): the same arithmetic as the loop in ``forward`` without its ~40 tensor ops a
+        layer."""
         if isinstance(layout.decode, slice):
             history = torch.arange(layout.decode.start, layout.decode.stop, device=x.device)[None]
             lengths = torch.tensor([history.shape[1]], device=x.device)
