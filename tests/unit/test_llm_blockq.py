@@ -150,3 +150,24 @@ def test_a_fused_decode_step_is_the_step_run_op_by_op() -> None:
     for layer in range(2):
         torch.testing.assert_close(runners[True].cache.k[layer], runners[False].cache.k[layer], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(runners[True].cache.v[layer], runners[False].cache.v[layer], rtol=1e-5, atol=1e-5)
+
+
+@needs_avx512
+@torch.inference_mode()
+def test_a_fused_step_refuses_slots_outside_the_pool() -> None:
+    decoder = Decoder(tiny_llama(), "q4")
+    layer = decoder.layers[0]
+    pool = torch.zeros(2, 64, 16)
+    rot = torch.view_as_real(decoder.rotation(torch.tensor([5]))).contiguous()
+
+    def step(slot: int, history: list[int]) -> None:
+        blockq.native().decode_layer(torch.randn(1, 64), layer.norm_in, layer.norm_post, layer.qkv.blocks,
+                                     layer.o.blocks, layer.gate_up.blocks, layer.down.blocks, rot, pool,
+                                     pool.clone(), torch.tensor([slot]), torch.tensor([history]),
+                                     torch.tensor([len(history)]), decoder.num_heads, decoder.eps, decoder.scale)
+
+    step(5, [0, 1, 2, 3, 4, 5])
+    with pytest.raises(RuntimeError, match="slots out of the pool"):
+        step(64, [0, 64])
+    with pytest.raises(RuntimeError, match="history slots out of the pool"):
+        step(5, [0, 1, 99, 5])

@@ -149,8 +149,11 @@ void decode_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Te
   const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t* hist = history.data_ptr<int64_t>();
   const int64_t* len = lengths.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK(slot[r] >= 0 && slot[r] < pool_slots && len[r] >= 1 && len[r] <= width, "slots out of the pool");
+    for (int64_t l = 0; l < len[r]; ++l)
+      TORCH_CHECK(hist[r * width + l] >= 0 && hist[r * width + l] < pool_slots, "history slots out of the pool");
+  }
 
   float* xs = x.data_ptr<float>();
   float* kp = k_pool.data_ptr<float>();
