@@ -101,55 +101,111 @@ def tiny_llama():
     return model
 
 
+class Twins:
+    """Two runners, each with its own pool, on one q4 decoder; ``step`` runs a step fused or op by op."""
+
+    def __init__(self) -> None:
+        model = tiny_llama()
+        self.decoder = Decoder(model, "q4")
+        assert self.decoder.fused
+        self.runners = [ModelRunner(model, num_blocks=40, block_size=4, decoder=self.decoder) for _ in range(2)]
+        self.fused_steps = 0
+        fused = self.decoder._fused
+
+        def counted(*args):
+            self.fused_steps += 1
+            return fused(*args)
+
+        self.decoder._fused = counted
+
+    def step(self, items, fused: bool):
+        """On the first pool fused, on the second op by op."""
+        self.decoder.fused = fused
+        try:
+            return self.runners[0 if fused else 1].forward(items)
+        finally:
+            self.decoder.fused = True
+
+
+def sequences(g, lengths):
+    scattered = torch.randperm(35, generator=g).add_(5).view(7, 5).tolist()
+    tables = [[0, 1, 2, 3, 4], *scattered]
+    return [Request(session=Session(ids=torch.randint(0, 96, (n,), generator=g).tolist(), block_table=table),
+                    params=SamplingParams()) for n, table in zip(lengths, tables, strict=False)]
+
+
 @needs_avx512
 @torch.inference_mode()
-def test_a_fused_decode_step_is_the_step_run_op_by_op() -> None:
-    """Six sequences on scattered blocks: decode steps of one sequence (its history a slice of the pool), of three
-    and of six (histories of different lengths, read by slot; past ``FEW_ROWS`` the op-by-op step multiplies on
-    oneDNN), fused and op by op, on twin pools."""
-    model = tiny_llama()
-    decoder = Decoder(model, "q4")
-    assert decoder.fused
-    runners = {fused: ModelRunner(model, num_blocks=40, block_size=4, decoder=decoder) for fused in (True, False)}
-    fused_calls = []
-    fused_decode = decoder._fused_decode
-    decoder._fused_decode = lambda *args: fused_calls.append(1) or fused_decode(*args)
-
-    def step(items, fused: bool):
-        decoder.fused = fused
-        return runners[fused].forward(items)
-
+def test_a_fused_step_is_the_step_run_op_by_op() -> None:
+    """On scattered blocks: short prompts, one sequence's decode (its history in consecutive blocks), three and six
+    decodes of different lengths (past ``FEW_ROWS`` the op-by-op step multiplies on oneDNN), then a step of decodes,
+    a decode with three drafted tokens and a short prompt: fused and op by op on twin pools, the same logits and
+    K/V."""
+    twins = Twins()
     g = torch.Generator().manual_seed(2)
-    scattered = torch.randperm(35, generator=g).add_(5).view(7, 5).tolist()
-    tables = [[0, 1, 2, 3, 4], *scattered[:5]]
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (9, 6, 11, 3, 12, 7)]
-    requests = []
-    for ids, table in zip(prompts, tables, strict=True):
-        session = Session(ids=list(ids), block_table=table)
-        requests.append(Request(session=session, params=SamplingParams()))
+    requests = sequences(g, (9, 6, 11, 3, 12, 7, 5))
+    for req in requests[:6]:
         for fused in (True, False):
-            step([ScheduledItem(requests[-1], 0, len(ids))], fused)
-        session.num_cached = len(ids)
+            twins.step([ScheduledItem(req, 0, len(req.session.ids))], fused)  # short prompts: fused too
+        req.session.num_cached = len(req.session.ids)
+    assert twins.fused_steps == 6
 
-    def decode(reqs) -> None:
-        items = []
+    def run(items) -> None:
+        fused_steps = twins.fused_steps
+        got, want = twins.step(items, True), twins.step(items, False)
+        assert twins.fused_steps == fused_steps + 1
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for item in items:
+            item.session.num_cached = item.start + item.n_tokens
+
+    def decodes(reqs) -> list[ScheduledItem]:
         for req in reqs:
             req.session.ids.append(int(torch.randint(0, 96, (1,), generator=g)))
-            items.append(ScheduledItem(req, len(req.session.ids) - 1, 1))
-        calls = len(fused_calls)
-        got, want = step(items, True), step(items, False)
-        assert len(fused_calls) == calls + 1
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        for req in reqs:
-            req.session.num_cached = len(req.session.ids)
+        return [ScheduledItem(req, len(req.session.ids) - 1, 1) for req in reqs]
 
-    decode(requests[:1])  # one sequence in consecutive blocks
-    decode(requests[:3])
-    decode(requests)
-    decode(requests[1:])
+    run(decodes(requests[:1]))
+    run(decodes(requests[:3]))
+    run(decodes(requests[:6]))
+    items = decodes(requests[1:3])
+    drafted = decodes(requests[3:4])[0]
+    drafted.draft_slots = 3
+    drafted.set_draft(torch.randint(0, 96, (3,), generator=g).tolist())
+    run([*items, drafted, ScheduledItem(requests[6], 0, len(requests[6].session.ids))])
     for layer in range(2):
-        torch.testing.assert_close(runners[True].cache.k[layer], runners[False].cache.k[layer], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(runners[True].cache.v[layer], runners[False].cache.v[layer], rtol=1e-5, atol=1e-5)
+        for pools in ("k", "v"):
+            torch.testing.assert_close(getattr(twins.runners[0].cache, pools)[layer],
+                                       getattr(twins.runners[1].cache, pools)[layer], rtol=1e-5, atol=1e-5)
+
+
+@needs_avx512
+@torch.inference_mode()
+def test_a_drafted_tokens_logits_are_bit_for_bit_those_of_plain_decoding() -> None:
+    """Speculation keeps a drafted token by comparing argmaxes: in a fused step each row's arithmetic is its own,
+    so verifying three drafts in one step (beside another sequence's decode) gives the logits three plain decode
+    steps give, to the bit."""
+    twins = Twins()
+    g = torch.Generator().manual_seed(3)
+    requests = sequences(g, (8, 5))
+    draft = torch.randint(0, 96, (3,), generator=g).tolist()
+    for req in requests:
+        for runner in twins.runners:
+            runner.forward([ScheduledItem(req, 0, len(req.session.ids))])
+        req.session.num_cached = len(req.session.ids)
+    seq, other = requests
+    start = len(seq.session.ids)
+    seq.session.ids.append(7)
+    other.session.ids.append(9)
+    item = ScheduledItem(seq, start, 1)
+    item.draft_slots = 3
+    item.set_draft(draft)
+    verified = twins.runners[0].forward([ScheduledItem(other, len(other.session.ids) - 1, 1), item])
+    plain = []
+    for i, token in enumerate([None, *draft]):
+        if token is not None:
+            seq.session.ids.append(token)
+        plain.append(twins.runners[1].forward([ScheduledItem(seq, start + i, 1)]))
+    assert twins.fused_steps == 2 * 2 + 1 + 4  # every step of this test
+    assert torch.equal(verified[1:], torch.cat(plain))
 
 
 @needs_avx512
@@ -161,7 +217,7 @@ def test_a_fused_step_refuses_slots_outside_the_pool() -> None:
     rot = torch.view_as_real(decoder.rotation(torch.tensor([5]))).contiguous()
 
     def step(slot: int, history: list[int]) -> None:
-        blockq.native().decode_layer(torch.randn(1, 64), layer.norm_in, layer.norm_post, layer.qkv.blocks,
+        blockq.native().fused_layer(torch.randn(1, 64), layer.norm_in, layer.norm_post, layer.qkv.blocks,
                                      layer.o.blocks, layer.gate_up.blocks, layer.down.blocks, rot, pool,
                                      pool.clone(), torch.tensor([slot]), torch.tensor([history]),
                                      torch.tensor([len(history)]), decoder.num_heads, decoder.eps, decoder.scale)

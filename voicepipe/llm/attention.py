@@ -63,14 +63,11 @@ class DecodeBatch:
     its own plane of the pool. ``pattern`` is the sparse CSR [kv_heads, B * group, pool slots] whose row (b, g) holds
     sequence b's slots; ``bag_ids`` [kv_heads * B * group, Lmax] are the same slots as rows of the value pool viewed
     [kv_heads * slots, head_dim]. ``mask`` [B, Lmax] is additive (0 / -inf) for the padding, None when all lengths
-    are equal. ``history`` [B, Lmax] and ``lengths`` [B] are the slots and their counts as such (the fused decode
-    reads them, ``decoder.py``)."""
+    are equal."""
 
     pattern: torch.Tensor
     bag_ids: torch.Tensor
     mask: torch.Tensor | None
-    history: torch.Tensor
-    lengths: torch.Tensor
 
     @classmethod
     def build(cls, slots: torch.Tensor, lengths: list[int], kv_heads: int, group: int, pool_slots: int,
@@ -85,10 +82,10 @@ class DecodeBatch:
         planes = torch.arange(kv_heads, device=dev)[:, None] * pool_slots
         bag_ids = (rows + planes).view(kv_heads * b * group, width)
         mask = None
-        counts = torch.tensor(lengths, device=dev)
         if min(lengths) < width:
-            mask = additive_mask(torch.arange(width, device=dev)[None, :] < counts[:, None], dtype)
-        return cls(pattern, bag_ids, mask, slots.contiguous(), counts)
+            mask = additive_mask(torch.arange(width, device=dev)[None, :] < torch.tensor(lengths, device=dev)[:, None],
+                                 dtype)
+        return cls(pattern, bag_ids, mask)
 
 
 @dataclass
@@ -101,6 +98,10 @@ class StepLayout:
     prefills: list[PrefillSpan] = field(default_factory=list)
     decode_only: bool = False  # every token of the step is a decode, in packed order
     single_prefill: bool = False  # the step is one prefill span and nothing else
+    # each row's history as pool slots [T, Lmax] (its sequence's positions up to its own) and their counts [T]:
+    # built for the decoder's fused steps (decoder.py), which attend row by row
+    row_history: torch.Tensor | None = None
+    row_lengths: torch.Tensor | None = None
 
 
 class StepAborted(Exception):

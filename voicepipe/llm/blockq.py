@@ -6,12 +6,13 @@ without loss: the blocks give back its float32 weights exactly. Any other model 
 the format only when it passes the quality check (``quality.py``). The output projection stays in fp16 (``weights``):
 a 49k x 576 matrix of blocks cost more to unpack than to read here (one decode step: 3 ms more).
 
-A decode step is bound by reading the weights: 4-bit blocks are 0.625 bytes a weight against fp16's 2. The kernels
+A decode step reads every weight: 4-bit blocks are 0.625 bytes a weight against fp16's 2. The kernels
 (``csrc/blockq.cpp``, AVX-512, built with the machine's C++ compiler at first use and cached by torch) multiply a
-few rows at a time; a step of more rows (a prefill chunk, a speculative verify) runs oneDNN's float32 GEMM on a
-dequantized copy packed at load, the same weights, which is faster there. ``decode_layer`` runs a whole decoder
-layer of a decode-only step in one native call (the decoder's ``_fused_decode``): the ~40 small tensor ops a layer
-cost about as much as its matmuls (one SmolLM2 decode step: 13 ms fused against 28 in fp16 op by op).
+few rows at a time. ``fused_layer`` runs a whole decoder layer of a step of up to ``FUSED_ROWS`` rows (decodes,
+drafted tokens, a short prefill) in one native call (the decoder's ``_fused``), each row attending to its own
+history: the ~40 small tensor ops a layer cost about as much as its matmuls (one SmolLM2 decode step: 13 ms fused
+against 28 in fp16 op by op). A larger step (a prefill chunk) runs op by op, on oneDNN's float32 GEMM of a
+dequantized copy packed at load: the same weights, and faster at many rows.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "blockq.cpp"
 BLOCK = 32
 FEW_ROWS = 4  # up to this many rows the native kernel beats oneDNN's float32 GEMM (scripts/bench_blockq.py)
-# decode-only steps of up to this many rows run fused (``decode_layer``): past FEW_ROWS its matmuls cost more than
+# steps of up to this many rows run fused (``fused_layer``): past FEW_ROWS its matmuls cost more than
 # oneDNN's, but the ~40 tensor ops a layer it saves cost more still (16 sessions of `bench decode`: 212 against
 # 172-192 tok/s)
 FUSED_ROWS = 16

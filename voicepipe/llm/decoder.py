@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from voicepipe.llm import blockq
-from voicepipe.llm.attention import DecodeBatch, PagedKVCache, StepAborted, StepLayout, attend
+from voicepipe.llm.attention import PagedKVCache, StepAborted, StepLayout, attend
 from voicepipe.llm.blockq import BlockLinear
 from voicepipe.llm.weights import activation_dtype, make_linear, smoothing, smoothing_from
 
@@ -189,9 +189,8 @@ class Decoder:
         n_rot = (heads + kv_heads) * hd
         x = F.embedding(ids, self.embed)
         rot = self.rotation(positions)
-        if self.fused and layout.decode_only and t <= blockq.FUSED_ROWS and isinstance(layout.decode,
-                                                                                       (slice, DecodeBatch)):
-            return self._fused_decode(x, rot, layout, keep, cache)
+        if layout.row_history is not None:
+            return self._fused(x, rot, layout, keep, cache)
         for i, layer in enumerate(self.layers):
             if cache.abort_requested:
                 raise StepAborted
@@ -219,22 +218,23 @@ class Decoder:
         x = x.index_select(0, keep)
         return self.lm_head(F.rms_norm(x, (self.hidden,), self.norm, self.eps)).float()
 
-    def _fused_decode(self, x: torch.Tensor, rot: torch.Tensor, layout: StepLayout, keep: torch.Tensor | None,
-                      cache: PagedKVCache) -> torch.Tensor | None:
-        """A decode-only step of up to ``blockq.FUSED_ROWS`` rows, each layer in one native call
-        (``blockq.decode_layer``): the same arithmetic as the loop in ``forward`` without its ~40 tensor ops a
-        layer."""
-        if isinstance(layout.decode, slice):
-            history = torch.arange(layout.decode.start, layout.decode.stop, device=x.device)[None]
-            lengths = torch.tensor([history.shape[1]], device=x.device)
-        else:
-            history, lengths = layout.decode.history, layout.decode.lengths
+    def fuses(self, rows: int) -> bool:
+        """Whether a step of ``rows`` rows runs fused (``_fused``): the runner then builds each row's history."""
+        return self.fused and rows <= blockq.FUSED_ROWS
+
+    def _fused(self, x: torch.Tensor, rot: torch.Tensor, layout: StepLayout, keep: torch.Tensor | None,
+               cache: PagedKVCache) -> torch.Tensor | None:
+        """A step of up to ``blockq.FUSED_ROWS`` rows (decodes, drafted tokens, a short prefill), each layer in one
+        native call (``blockq.fused_layer``): the arithmetic of the loop in ``forward`` without its ~40 tensor ops
+        a layer. Every row attends to its own history (``layout.row_history``), so a row's result is the same
+        whatever else the step holds: a drafted token's logits are bit for bit the ones a plain decode step gives
+        it."""
         rot = torch.view_as_real(rot).contiguous()
         kernels = blockq.native()
         for i, layer in enumerate(self.layers):
             if cache.abort_requested:
                 raise StepAborted
-            kernels.decode_layer(x, layer.norm_in, layer.norm_post, layer.qkv.blocks, layer.o.blocks,
+            kernels.fused_layer(x, layer.norm_in, layer.norm_post, layer.qkv.blocks, layer.o.blocks,
                                  layer.gate_up.blocks, layer.down.blocks, rot, cache.k[i], cache.v[i], layout.slots,
-                                 history, lengths, self.num_heads, self.eps, self.scale)
+                                 layout.row_history, layout.row_lengths, self.num_heads, self.eps, self.scale)
         return self._logits(x, keep)

@@ -111,6 +111,21 @@ class ModelRunner:
         return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, self.shape.group,
                                  self.cache.k[0].shape[1], self.dtype)
 
+    def _row_history(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each packed row's history as pool slots, padded to the longest ([T, Lmax]), and its length [T]: a row
+        sees its sequence's positions up to its own (a drafted or prefilled token its predecessors in the step)."""
+        bs = self.block_size
+        lengths = [p + 1 for it in items for p in range(it.start, it.start + it.n_tokens)]
+        width = max(lengths)
+        n_blocks = -(-width // bs)
+        tables = []
+        for it in items:
+            table = it.block_table[:n_blocks]
+            tables += [table + [table[0]] * (n_blocks - len(table))] * it.n_tokens  # padding: masked by the length
+        blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
+        slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(lengths), -1)
+        return slots[:, :width].contiguous(), torch.tensor(lengths, dtype=torch.long, device=self.device)
+
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids and position ids ([T]), the step layout and the packed rows whose logits the step keeps:
         each sampling item's (its last token's, then each drafted token's), then each probe's (in item order)."""
@@ -150,6 +165,8 @@ class ModelRunner:
             layout.decode = self._decode_ref([it for _, it in decodes])
         layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
         layout.single_prefill = not decodes and len(prefills) == 1
+        if self.decoder is not None and self.decoder.fuses(len(ids)):
+            layout.row_history, layout.row_lengths = self._row_history(items)
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         position_ids = torch.tensor(pos, dtype=torch.long, device=dev)
         return input_ids, position_ids, layout, logit_rows + probe_rows

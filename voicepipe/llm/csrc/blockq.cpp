@@ -1,4 +1,4 @@
-// Block-quantized weights and a fused decode layer for the CPU (AVX-512), built at first use by blockq.py.
+// Block-quantized weights and a fused decoder layer for the CPU (AVX-512), built at first use by blockq.py.
 //
 // A weight matrix [out, in] is stored in blocks of 32 inputs, each with its own scale d and offset m: w = d * q + m
 // with 4-bit codes q in 0..15, two a byte (inputs 0-15 in the low nibbles, 16-31 in the high ones, as GGUF's Q4_1
@@ -121,11 +121,12 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
   return y;
 }
 
-// One decoder layer for decode rows (one new token per sequence), in place on the residual stream x [rows, hidden]:
-// RMSNorm, the fused q/k/v projection, the rotary multiply (q and k rows permuted at load so that each rotated pair
-// of dimensions sits side by side), the new K/V into their pool slots, attention over each row's history slots,
-// the output projection, RMSNorm, the fused gate/up projection, SiLU gate, the down projection.
-void decode_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Tensor& norm_post,
+// One decoder layer for a few rows (decodes, drafted tokens, a short prefill), in place on the residual stream
+// x [rows, hidden]: RMSNorm, the fused q/k/v projection, the rotary multiply (q and k rows permuted at load so that
+// each rotated pair of dimensions sits side by side), every row's new K/V into its pool slot, then attention of
+// each row over its own history slots (which hold the step's earlier rows of its sequence), the output projection,
+// RMSNorm, the fused gate/up projection, SiLU gate, the down projection.
+void fused_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Tensor& norm_post,
                   const std::vector<torch::Tensor>& qkv_w, const std::vector<torch::Tensor>& o_w,
                   const std::vector<torch::Tensor>& gate_up_w, const std::vector<torch::Tensor>& down_w,
                   const torch::Tensor& rotation, torch::Tensor k_pool, torch::Tensor v_pool, const torch::Tensor& slots,
@@ -138,7 +139,7 @@ void decode_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Te
   check_rows(x, hidden);
   TORCH_CHECK(qkv.in == hidden && qkv.out == (heads + 2 * kv_heads) * hd && o.in == heads * hd && o.out == hidden &&
                   gate_up.in == hidden && down.in == inter && down.out == hidden && hd % 16 == 0,
-              "decode_layer: weight shapes do not fit the model's");
+              "fused_layer: weight shapes do not fit the model's");
   TORCH_CHECK(k_pool.dtype() == torch::kFloat32 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
                   v_pool.sizes() == k_pool.sizes(), "pools: float32 [kv_heads, slots, head_dim]");
   TORCH_CHECK(rotation.dtype() == torch::kFloat32 && rotation.is_contiguous() && rotation.numel() == rows * hd,
@@ -232,5 +233,5 @@ void decode_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "x [rows, in] times block-quantized weights -> [rows, out]");
-  m.def("decode_layer", &decode_layer, "one decoder layer for decode rows, in place on x");
+  m.def("fused_layer", &fused_layer, "one decoder layer for a few rows, each over its own history, in place on x");
 }
