@@ -143,12 +143,16 @@ def test_a_too_short_end_of_turn_is_reopened_and_the_long_pause_stays_one_turn(s
     the reopen.
 
     The cut comes ~70 ms before the caller resumes (the VAD's samples fix it), the reply starts only then (no
-    preemptive generation) and a 32 ms speech start holds the agent's audio, so the reply (300 ms or more to its
-    first audio on these CPUs) is held before any of it is sent. With a 100 ms cut, or an early reply made during
-    the pause, the faster engine's first audio sometimes went out first and the turn was a barge-in."""
+    preemptive generation) and a 32 ms speech start holds the agent's audio, so the reply is held before any of it
+    is sent. The reply's first audio waits for its whole first clause (no 3-word first chunk, no low-water release
+    of words): with the q4 engine (TTFT ~60 ms) the first chunk's audio went out before the resume was seen, once
+    in CI (the caller heard "A"); the whole clause takes ~70 ms more (first clause 187 against 118 ms here).
+    With a 100 ms cut, or an early reply made during the pause, the faster engine's first audio sometimes went out
+    first and the turn was a barge-in."""
     case = copy_case(suite[[p.name for p in suite].index("long_pause")], tmp_path / "long_pause")
     too_short = set_args("turn.policy=silence", "vad.end_of_turn_silence_ms=300",
-                         "calls.preemptive_generation=false", "vad.min_speech_ms=32")
+                         "calls.preemptive_generation=false", "vad.min_speech_ms=32", "tts.first_chunk_words=0",
+                         "tts.low_water_ms=0")
     proc = run_cli(*too_short, "replay", str(case), "--report-dir", str(tmp_path / "report"), timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (turn,) = json.loads((tmp_path / "report" / "report.json").read_text())["cases"][0]["turns"]
