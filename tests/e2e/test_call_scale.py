@@ -44,10 +44,14 @@ def backend_requests(base: str, reason: str) -> float:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """(backend base, backend process, replica A (base, app), replica B (base, process), store URL)."""
+    """(backend base, backend process, replica A (base, app), replica B (base, process), store URL).
+
+    The backend decodes in fp16 (36 tok/s here), not q4 (79 tok/s): the barge-in test cuts the caller in 300 ms
+    into the reply's audio and needs the backend still generating its 40 tokens then, which q4 finished first."""
     tmp = tmp_path_factory.mktemp("scale")
     with postgres_server() as store_url, \
-            server_process("--set", "llm.kv_cache_mib=128", wait=False) as (backend, backend_proc):
+            server_process("--set", "llm.kv_cache_mib=128", "--set", "llm.weights=fp16", wait=False) \
+            as (backend, backend_proc):
         remote = {"backend": "openai", "base_url": f"{backend}/v1", "read_timeout_s": 20.0}
         store = {"store_url": store_url}
         b_args = [f"--set={k}={v}" for k, v in (
