@@ -99,32 +99,30 @@ class ModelRunner:
             kv = self._kv_ref(items[0].block_table, lengths[0])
             if isinstance(kv, slice):
                 return kv
-        bs = self.block_size
-        n_max = -(-max(lengths) // bs)
-        tables = []
-        for it, length in zip(items, lengths, strict=True):
-            table = it.block_table[:-(-length // bs)]
-            tables.append(table + [table[0]] * (n_max - len(table)))  # padding: any valid block, masked out
-        blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
-        slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(items), -1)
-        slots = slots[:, :max(lengths)]
+        slots = self._padded_slots([it.block_table for it in items], lengths)
         return DecodeBatch.build(slots, lengths, self.shape.num_kv_heads, self.shape.group,
                                  self.cache.k[0].shape[1], self.dtype)
+
+    def _padded_slots(self, tables: list[list[int]], lengths: list[int]) -> torch.Tensor:
+        """[rows, max(lengths)]: the pool slots of each row's first ``length`` positions on its block table, padded
+        with a valid slot (its first block's) that the row's length masks out."""
+        bs = self.block_size
+        n_max = -(-max(lengths) // bs)
+        padded = []
+        for table, length in zip(tables, lengths, strict=True):
+            table = table[:-(-length // bs)]
+            padded.append(table + [table[0]] * (n_max - len(table)))
+        blocks = torch.tensor(padded, dtype=torch.long, device=self.device)
+        slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(lengths), -1)
+        return slots[:, :max(lengths)]
 
     def _row_history(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each packed row's history as pool slots, padded to the longest ([T, Lmax]), and its length [T]: a row
         sees its sequence's positions up to its own (a drafted or prefilled token its predecessors in the step)."""
-        bs = self.block_size
         lengths = [p + 1 for it in items for p in range(it.start, it.start + it.n_tokens)]
-        width = max(lengths)
-        n_blocks = -(-width // bs)
-        tables = []
-        for it in items:
-            table = it.block_table[:n_blocks]
-            tables += [table + [table[0]] * (n_blocks - len(table))] * it.n_tokens  # padding: masked by the length
-        blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
-        slots = (blocks[:, :, None] * bs + torch.arange(bs, device=self.device)).view(len(lengths), -1)
-        return slots[:, :width].contiguous(), torch.tensor(lengths, dtype=torch.long, device=self.device)
+        tables = [it.block_table for it in items for _ in range(it.n_tokens)]
+        return (self._padded_slots(tables, lengths).contiguous(),
+                torch.tensor(lengths, dtype=torch.long, device=self.device))
 
     def build(self, items: list[ScheduledItem]) -> tuple[torch.Tensor, torch.Tensor, StepLayout, list[int]]:
         """Packed input ids and position ids ([T]), the step layout and the packed rows whose logits the step keeps:
