@@ -144,7 +144,7 @@ class Decoder:
         self.lm_head = make_linear(fmt, head_w, head.bias, pack, output=True)
         self.fused = fmt == "q4" and all(isinstance(lin, BlockLinear) and lin.bias is None for layer in self.layers
                                          for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)) \
-            and all(layer.q_norm is None for layer in self.layers) and self.head_dim % 16 == 0
+            and all(layer.q_norm is None for layer in self.layers) and self.head_dim % 16 == 0 and self.head_dim <= 128
 
     def _smooth_layer(self, w: dict, qkv_in: torch.Tensor, o_in: torch.Tensor, gate_up_in: torch.Tensor,
                       down_in: torch.Tensor) -> None:

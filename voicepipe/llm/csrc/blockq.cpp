@@ -97,18 +97,24 @@ void check_rows(const torch::Tensor& x, int64_t in) {
               "x: contiguous float32 [rows, ", in, "]");
 }
 
+float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t dim, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
-    float sum = 0.f;
-    for (int64_t i = 0; i < dim; ++i) sum += xr[i] * xr[i];
-    const float inv = 1.f / std::sqrt(sum / dim + eps);
-    for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = xr[i] * inv * weight[i];
+    const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(dot(xr, xr, dim) / dim + eps));
+    for (int64_t i = 0; i < dim; i += 16)
+      _mm512_storeu_ps(out + r * dim + i,
+                       _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), inv), _mm512_loadu_ps(weight + i)));
   }
 }
 
-// e^x for 16 floats (x <= 0 here: scores less their maximum): 2^n e^r with n = round(x / ln 2), r in
-// [-ln2/2, ln2/2] split off in two steps, e^r by its Taylor polynomial to r^7 (relative error under 2e-7).
+// e^x for 16 floats: 2^n e^r with n = round(x / ln 2), r in [-ln2/2, ln2/2] split off in two steps, e^r by its
+// Taylor polynomial to r^7 (relative error under 2e-7). Under -87 it gives e^-87; past 88 infinity, as expf does.
 __m512 exp16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
@@ -138,10 +144,63 @@ float softmax_numerators(float* p, int64_t n, float top) {
   return _mm512_reduce_add_ps(sum);
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  return _mm512_reduce_add_ps(acc);
+// The heads of one row that share a K/V head (GQA's group): out [group, C * 16] = softmax(q_g . k_l * scale)
+// weighted sum of v_l over the row's history slots hs[0 .. n), with p [group, n] as scratch. Each K and V row is
+// loaded once for the whole group (the group's heads would each read it again otherwise).
+template <int C>
+void attend_group(const float* q, int64_t group, const float* k, const float* v, const int64_t* hs, int64_t n,
+                  float scale, float* p, float* out) {
+  constexpr int hd = C * 16;
+  std::vector<float> top(group, -INFINITY);
+  for (int64_t l = 0; l < n; ++l) {
+    __m512 kl[C];
+    for (int c = 0; c < C; ++c) kl[c] = _mm512_loadu_ps(k + hs[l] * hd + c * 16);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 s = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + c * 16), kl[c], s);
+      p[g * n + l] = _mm512_reduce_add_ps(s) * scale;
+      top[g] = std::max(top[g], p[g * n + l]);
+    }
+  }
+  std::vector<float> total(group);
+  for (int64_t g = 0; g < group; ++g) total[g] = softmax_numerators(p + g * n, n, top[g]);
+  std::fill_n(out, group * hd, 0.f);
+  for (int64_t l = 0; l < n; ++l) {
+    __m512 vl[C];
+    for (int c = 0; c < C; ++c) vl[c] = _mm512_loadu_ps(v + hs[l] * hd + c * 16);
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 pl = _mm512_set1_ps(p[g * n + l]);
+      for (int c = 0; c < C; ++c)
+        _mm512_storeu_ps(out + g * hd + c * 16, _mm512_fmadd_ps(pl, vl[c], _mm512_loadu_ps(out + g * hd + c * 16)));
+    }
+  }
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < C; ++c)
+      _mm512_storeu_ps(out + g * hd + c * 16, _mm512_div_ps(_mm512_loadu_ps(out + g * hd + c * 16),
+                                                            _mm512_set1_ps(total[g])));
+}
+
+using AttendGroup = void (*)(const float*, int64_t, const float*, const float*, const int64_t*, int64_t, float, float*,
+                             float*);
+
+AttendGroup attend_group_for(int64_t head_dim) {
+  static constexpr AttendGroup by_chunks[] = {attend_group<1>, attend_group<2>, attend_group<3>, attend_group<4>,
+                                              attend_group<5>, attend_group<6>, attend_group<7>, attend_group<8>};
+  TORCH_CHECK(head_dim % 16 == 0 && head_dim >= 16 && head_dim <= 128, "fused_layer: head_dim 16..128 in 16s");
+  return by_chunks[head_dim / 16 - 1];
+}
+
+// act [rows, inter] = SiLU(gate) * up, from gu [rows, 2 * inter] (gate, then up); the threads split the rows' chunks.
+void silu_gate(const float* gu, int64_t rows, int64_t inter, float* act) {
+  const int64_t chunks = inter / 16;
+  at::parallel_for(0, rows * chunks, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t r = c / chunks, i = c % chunks * 16;
+      const __m512 g = _mm512_loadu_ps(gu + r * 2 * inter + i), up = _mm512_loadu_ps(gu + r * 2 * inter + inter + i);
+      const __m512 sigmoid_denominator = _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+      _mm512_storeu_ps(act + r * inter + i, _mm512_mul_ps(_mm512_div_ps(g, sigmoid_denominator), up));
+    }
+  });
 }
 
 }  // namespace
@@ -171,7 +230,7 @@ void fused_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Ten
   const int64_t group = heads / kv_heads, inter = gate_up.out / 2, width = history.size(1);
   check_rows(x, hidden);
   TORCH_CHECK(qkv.in == hidden && qkv.out == (heads + 2 * kv_heads) * hd && o.in == heads * hd && o.out == hidden &&
-                  gate_up.in == hidden && down.in == inter && down.out == hidden && hd % 16 == 0,
+                  gate_up.in == hidden && down.in == inter && down.out == hidden,
               "fused_layer: weight shapes do not fit the model's");
   TORCH_CHECK(k_pool.dtype() == torch::kFloat32 && k_pool.is_contiguous() && v_pool.is_contiguous() &&
                   v_pool.sizes() == k_pool.sizes(), "pools: float32 [kv_heads, slots, head_dim]");
@@ -221,30 +280,13 @@ void fused_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Ten
     }
   }
   float* attnp = attn.data_ptr<float>();
-  at::parallel_for(0, rows * heads, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(width);
-    std::vector<float> acc(hd);
+  const auto attend = attend_group_for(hd);
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> p(group * width);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i / heads, head = i % heads, kvh = head / group, n = len[r];
-      const float* q = qkvp + r * qkv.out + head * hd;
-      const int64_t* hs = hist + r * width;
-      const float* kbase = kp + kvh * pool_slots * hd;
-      const float* vbase = vp + kvh * pool_slots * hd;
-      float top = -INFINITY;
-      for (int64_t l = 0; l < n; ++l) {
-        p[l] = dot(q, kbase + hs[l] * hd, hd) * static_cast<float>(scale);
-        top = std::max(top, p[l]);
-      }
-      const float total = softmax_numerators(p.data(), n, top);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t l = 0; l < n; ++l) {
-        const __m512 pl = _mm512_set1_ps(p[l]);
-        const float* v = vbase + hs[l] * hd;
-        for (int64_t d = 0; d < hd; d += 16)
-          _mm512_storeu_ps(acc.data() + d, _mm512_fmadd_ps(pl, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc.data() + d)));
-      }
-      float* out = attnp + r * heads * hd + head * hd;
-      for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] / total;
+      const int64_t r = i / kv_heads, kvh = i % kv_heads, head = kvh * group;
+      attend(qkvp + r * qkv.out + head * hd, group, kp + kvh * pool_slots * hd, vp + kvh * pool_slots * hd,
+             hist + r * width, len[r], static_cast<float>(scale), p.data(), attnp + r * heads * hd + head * hd);
     }
   });
   float* projp = proj.data_ptr<float>();
@@ -254,11 +296,7 @@ void fused_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Ten
   float* gup = gu.data_ptr<float>();
   float* actp = act.data_ptr<float>();
   matmul(gate_up, hp, rows, gup);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < inter; ++i) {
-      const float g = gup[r * gate_up.out + i];
-      actp[r * inter + i] = g / (1.f + std::exp(-g)) * gup[r * gate_up.out + inter + i];
-    }
+  silu_gate(gup, rows, inter, actp);
   matmul(down, actp, rows, projp);
   for (int64_t i = 0; i < rows * hidden; ++i) xs[i] += projp[i];
 }
