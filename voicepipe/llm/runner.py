@@ -133,41 +133,50 @@ class ModelRunner:
         slots: list[int] = []
         logit_rows: list[int] = []
         probe_rows: list[int] = []
-        decodes: list[tuple[int, ScheduledItem]] = []
-        prefills: list[PrefillSpan] = []
         for item in items:
             t0 = len(ids)
-            end = item.start + item.n_tokens
             ids.extend(item.token_ids)
-            pos.extend(range(item.start, end))
-            slots.extend(self._slot_ids(item.block_table, item.start, end))
+            pos.extend(range(item.start, item.start + item.n_tokens))
+            slots.extend(self._slot_ids(item.block_table, item.start, item.start + item.n_tokens))
             if item.samples:  # the row after the sequence's last token, then after each drafted token
                 logit_rows.extend(range(t0 + item.n_tokens - 1 - len(item.draft), t0 + item.n_tokens))
             if item.probe is not None:
                 probe_rows.append(t0 + item.probe)
+        layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev))
+        if self.decoder is not None and self.decoder.fuses(len(ids)):  # attends row by row: nothing else to build
+            layout.row_history, layout.row_lengths = self._row_history(items)
+        else:
+            self._attention_layout(items, layout)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        position_ids = torch.tensor(pos, dtype=torch.long, device=dev)
+        return input_ids, position_ids, layout, logit_rows + probe_rows
+
+    def _attention_layout(self, items: list[ScheduledItem], layout: StepLayout) -> None:
+        """The op-by-op attention's view of the step: the decode rows and their histories, each prefill span with its
+        history and causal mask."""
+        dev = self.device
+        decodes: list[tuple[int, ScheduledItem]] = []
+        t0 = 0
+        for item in items:
+            end = item.start + item.n_tokens
             if item.n_tokens == 1 and item.start > 0:
                 decodes.append((t0, item))
-                continue
-            kv = self._kv_ref(item.block_table, end)
-            mask = None
-            if item.start > 0:
-                keep = torch.arange(end, device=dev)[None, :] <= torch.arange(item.start, end, device=dev)[:, None]
-                mask = additive_mask(keep.repeat(self.shape.group, 1), self.dtype)[None, None]
-            prefills.append(PrefillSpan(t0, item.n_tokens, kv, mask))
-        layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev), prefills=prefills)
+            else:
+                kv = self._kv_ref(item.block_table, end)
+                mask = None
+                if item.start > 0:
+                    keep = torch.arange(end, device=dev)[None, :] <= torch.arange(item.start, end, device=dev)[:, None]
+                    mask = additive_mask(keep.repeat(self.shape.group, 1), self.dtype)[None, None]
+                layout.prefills.append(PrefillSpan(t0, item.n_tokens, kv, mask))
+            t0 += item.n_tokens
         if decodes:
-            rows = [t0 for t0, _ in decodes]
+            rows = [t for t, _ in decodes]
             layout.decode_rows = torch.tensor(rows, dtype=torch.long, device=dev)
             if rows == list(range(rows[0], rows[0] + len(rows))):
                 layout.decode_rows_slice = slice(rows[0], rows[0] + len(rows))
             layout.decode = self._decode_ref([it for _, it in decodes])
-        layout.decode_only = not prefills and layout.decode_rows_slice == slice(0, len(ids))
-        layout.single_prefill = not decodes and len(prefills) == 1
-        if self.decoder is not None and self.decoder.fuses(len(ids)):
-            layout.row_history, layout.row_lengths = self._row_history(items)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        position_ids = torch.tensor(pos, dtype=torch.long, device=dev)
-        return input_ids, position_ids, layout, logit_rows + probe_rows
+        layout.decode_only = not layout.prefills and layout.decode_rows_slice == slice(0, t0)
+        layout.single_prefill = not decodes and len(layout.prefills) == 1
 
     def _static_step(self, items: list[ScheduledItem]) -> bool:
         """A decode-only step (one sampled token per sequence, no probe) that fits a static step."""
