@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from voicepipe.llm import blockq
-from voicepipe.llm.blockq import FEW_ROWS, BlockLinear, dequantize, quantize
+from voicepipe.llm.blockq import FEW_ROWS, FUSED_ROWS, BlockLinear, dequantize, quantize
 from voicepipe.llm.decoder import Decoder
 from voicepipe.llm.request import Request
 from voicepipe.llm.runner import ModelRunner
@@ -68,6 +68,17 @@ def test_the_kernel_is_the_matmul_of_the_blocks_and_a_row_does_not_depend_on_the
     for i in range(FEW_ROWS):
         assert torch.equal(lin(x[i:i + 1]), few[i:i + 1])
     torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)  # more rows: oneDNN on the dequantized copy
+
+
+@needs_avx512
+def test_the_kernels_run_on_every_torch_thread() -> None:
+    """Built without OpenMP, ATen's parallel_for in the kernels runs serially: every q4 matmul took twice as long."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert blockq.native().threads_used() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 @needs_avx512
@@ -137,18 +148,20 @@ def sequences(g, lengths):
 @needs_avx512
 @torch.inference_mode()
 def test_a_fused_step_is_the_step_run_op_by_op() -> None:
-    """On scattered blocks: short prompts, one sequence's decode (its history in consecutive blocks), three and six
-    decodes of different lengths (past ``FEW_ROWS`` the op-by-op step multiplies on oneDNN), then a step of decodes,
-    a decode with three drafted tokens and a short prompt: fused and op by op on twin pools, the same logits and
-    K/V."""
+    """On scattered blocks: short prompts (one past ``FEW_ROWS``, where the op-by-op step multiplies on oneDNN),
+    one sequence's decode (its history in consecutive blocks), three and six decodes of different lengths, then a
+    step of decodes, a decode with three drafted tokens and a short prompt: fused and op by op on twin pools, the
+    same logits and K/V."""
     twins = Twins()
     g = torch.Generator().manual_seed(2)
-    requests = sequences(g, (9, 6, 11, 3, 21, 7, 5))  # 21: a history past 16 slots, the softmax's vector width
+    lengths = (9, 6, 11, 3, FEW_ROWS + 4, 7, 5)  # FEW_ROWS + 4: also a history past 16 slots, the softmax's width
+    assert FEW_ROWS + 4 <= FUSED_ROWS
+    requests = sequences(g, lengths)
     for req in requests[:6]:
         for fused in (True, False):
-            twins.step([ScheduledItem(req, 0, len(req.session.ids))], fused)  # up to FUSED_ROWS: fused too
+            twins.step([ScheduledItem(req, 0, len(req.session.ids))], fused)
         req.session.num_cached = len(req.session.ids)
-    assert twins.fused_steps == 5
+    assert twins.fused_steps == 6
 
     def run(items) -> None:
         fused_steps = twins.fused_steps

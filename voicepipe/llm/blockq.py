@@ -29,12 +29,15 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "blockq.cpp"
 BLOCK = 32
-FEW_ROWS = 4  # up to this many rows the native kernel beats oneDNN's float32 GEMM (scripts/bench_blockq.py)
-# steps of up to this many rows run fused (``fused_layer``): past FEW_ROWS its matmuls cost more than
-# oneDNN's, but the ~40 tensor ops a layer it saves cost more still (16 sessions of `bench decode`: 212 against
-# 172-192 tok/s)
-FUSED_ROWS = 16
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma"]
+# up to this many rows the native kernel beats oneDNN's float32 GEMM (scripts/bench_blockq.py, 2 threads: 24 rows
+# 34.6 against 35.1 ms for SmolLM2's layers, 32 rows 45.2 against 42.5)
+FEW_ROWS = 24
+# steps of up to this many rows run fused (``fused_layer``): past FEW_ROWS its matmuls cost a little more than
+# oneDNN's, but the ~40 tensor ops a layer it saves cost more
+FUSED_ROWS = 32
+# -fopenmp: without it ATen's parallel_for (an OpenMP pragma in its header) runs the kernels on one thread; the
+# extension then links libgomp.so.1, which resolves to the copy torch has loaded already
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-fopenmp"]
 
 
 @functools.cache
@@ -43,7 +46,7 @@ def native():
     from torch.utils.cpp_extension import load
 
     log.info("LLM: loading the block-quantized kernels (the first time on a machine builds them: about 20 s)")
-    return load("voicepipe_blockq", [str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+    return load("voicepipe_blockq", [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
 
 
 @functools.cache

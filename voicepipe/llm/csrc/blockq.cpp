@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -301,7 +302,15 @@ void fused_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Ten
   for (int64_t i = 0; i < rows * hidden; ++i) xs[i] += projp[i];
 }
 
+// How many threads a parallel_for of the kernels runs on (one when the build lost OpenMP: blockq.FLAGS).
+int64_t threads_used() {
+  std::vector<char> seen(at::get_num_threads(), 0);
+  at::parallel_for(0, 64 * at::get_num_threads(), 1, [&](int64_t, int64_t) { seen[at::get_thread_num()] = 1; });
+  return std::count(seen.begin(), seen.end(), 1);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("threads_used", &threads_used, "threads a parallel_for of these kernels runs on");
   m.def("linear", &linear, "x [rows, in] times block-quantized weights -> [rows, out]");
   m.def("fused_layer", &fused_layer, "one decoder layer for a few rows, each over its own history, in place on x");
 }
