@@ -12,8 +12,14 @@
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -82,15 +88,17 @@ void outputs(const Blocks& w, const float* x, float* y, int64_t ldy, int64_t j0,
   for (; j < j1; ++j) tile<R, 1>(w, x, y, ldy, j);
 }
 
-// y [rows, out] = x [rows, in] times the weights (transposed); the threads split the outputs. Made for a few rows
-// (decode steps): the weights are read once per 4 rows and dequantized each time.
+// Outputs j0 .. j1 of y [rows, out] = x [rows, in] times the weights (transposed). Made for a few rows (decode
+// steps): the weights are read once per 4 rows and dequantized each time.
+void matmul_outputs(const Blocks& w, const float* x, int64_t rows, float* y, int64_t j0, int64_t j1) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) outputs<4>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
+  for (; r + 2 <= rows; r += 2) outputs<2>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
+  for (; r < rows; ++r) outputs<1>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
+}
+
 void matmul(const Blocks& w, const float* x, int64_t rows, float* y) {
-  at::parallel_for(0, w.out, 64, [&](int64_t j0, int64_t j1) {
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) outputs<4>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
-    for (; r + 2 <= rows; r += 2) outputs<2>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
-    for (; r < rows; ++r) outputs<1>(w, x + r * w.in, y + r * w.out, w.out, j0, j1);
-  });
+  at::parallel_for(0, w.out, 64, [&](int64_t j0, int64_t j1) { matmul_outputs(w, x, rows, y, j0, j1); });
 }
 
 void check_rows(const torch::Tensor& x, int64_t in) {
@@ -191,18 +199,49 @@ AttendGroup attend_group_for(int64_t head_dim) {
   return by_chunks[head_dim / 16 - 1];
 }
 
-// act [rows, inter] = SiLU(gate) * up, from gu [rows, 2 * inter] (gate, then up); the threads split the rows' chunks.
-void silu_gate(const float* gu, int64_t rows, int64_t inter, float* act) {
+// Chunks c0 .. c1 (16 values each, row by row) of act [rows, inter] = SiLU(gate) * up, from gu [rows, 2 * inter]
+// (gate, then up).
+void silu_gate(const float* gu, int64_t inter, float* act, int64_t c0, int64_t c1) {
   const int64_t chunks = inter / 16;
-  at::parallel_for(0, rows * chunks, 16, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t r = c / chunks, i = c % chunks * 16;
-      const __m512 g = _mm512_loadu_ps(gu + r * 2 * inter + i), up = _mm512_loadu_ps(gu + r * 2 * inter + inter + i);
-      const __m512 sigmoid_denominator = _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
-      _mm512_storeu_ps(act + r * inter + i, _mm512_mul_ps(_mm512_div_ps(g, sigmoid_denominator), up));
-    }
-  });
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t r = c / chunks, i = c % chunks * 16;
+    const __m512 g = _mm512_loadu_ps(gu + r * 2 * inter + i), up = _mm512_loadu_ps(gu + r * 2 * inter + inter + i);
+    const __m512 sigmoid_denominator = _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+    _mm512_storeu_ps(act + r * inter + i, _mm512_mul_ps(_mm512_div_ps(g, sigmoid_denominator), up));
+  }
 }
+
+// The phases of one parallel region wait for each other here. A spin rather than OpenMP's barrier: once the
+// process has more OpenMP threads than cores (torch ran ops on another thread than the engine's: loading, the
+// quality check), libgomp puts a waiting thread to sleep after ~1000 spins, and waking it took ~30 us, which at
+// six regions a layer cost a one-row step 5-6 of its 13 ms.
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int threads) : threads_(threads) {}
+
+  void wait() {
+    const int generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
+      if (spins < 100000)
+        _mm_pause();
+      else
+        std::this_thread::yield();  // the other thread lost its core: do not hold this one
+    }
+  }
+
+ private:
+  const int threads_;
+  std::atomic<int> arrived_{0};
+  std::atomic<int> generation_{0};
+};
+
+// Thread t's contiguous share [first, second) of n items split among threads.
+std::pair<int64_t, int64_t> share(int64_t n, int t, int threads) { return {n * t / threads, n * (t + 1) / threads}; }
 
 }  // namespace
 
@@ -262,44 +301,76 @@ void fused_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Ten
   auto proj = torch::empty({rows, hidden}, opts);
   float* hp = h.data_ptr<float>();
   float* qkvp = qkv_out.data_ptr<float>();
-
-  rms_norm(xs, norm_in.data_ptr<float>(), eps, rows, hidden, hp);
-  matmul(qkv, hp, rows, qkvp);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = qkvp + r * qkv.out;
-    const float* rr = rot + r * hd;
-    for (int64_t head = 0; head < heads + kv_heads; ++head)
-      for (int64_t p = 0; p < hd / 2; ++p) {
-        float* pair = row + head * hd + 2 * p;
-        const float a = pair[0], b = pair[1], c = rr[2 * p], s = rr[2 * p + 1];
-        pair[0] = a * c - b * s;
-        pair[1] = a * s + b * c;
-      }
-    for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-      std::copy_n(row + (heads + kvh) * hd, hd, kp + (kvh * pool_slots + slot[r]) * hd);
-      std::copy_n(row + (heads + kv_heads + kvh) * hd, hd, vp + (kvh * pool_slots + slot[r]) * hd);
-    }
-  }
   float* attnp = attn.data_ptr<float>();
-  const auto attend = attend_group_for(hd);
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(group * width);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i / kv_heads, kvh = i % kv_heads, head = kvh * group;
-      attend(qkvp + r * qkv.out + head * hd, group, kp + kvh * pool_slots * hd, vp + kvh * pool_slots * hd,
-             hist + r * width, len[r], static_cast<float>(scale), p.data(), attnp + r * heads * hd + head * hd);
-    }
-  });
   float* projp = proj.data_ptr<float>();
-  matmul(o, attnp, rows, projp);
-  for (int64_t i = 0; i < rows * hidden; ++i) xs[i] += projp[i];
-  rms_norm(xs, norm_post.data_ptr<float>(), eps, rows, hidden, hp);
   float* gup = gu.data_ptr<float>();
   float* actp = act.data_ptr<float>();
-  matmul(gate_up, hp, rows, gup);
-  silu_gate(gup, rows, inter, actp);
-  matmul(down, actp, rows, projp);
-  for (int64_t i = 0; i < rows * hidden; ++i) xs[i] += projp[i];
+  const auto attend = attend_group_for(hd);
+
+  // One parallel region for the layer, its phases split among the threads and separated by spin barriers.
+  std::unique_ptr<SpinBarrier> barrier;
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+#pragma omp single
+    barrier = std::make_unique<SpinBarrier>(threads);
+    const auto [r0, r1] = share(rows, t, threads);
+    const auto in_rows = [&](auto body) {
+      for (int64_t r = r0; r < r1; ++r) body(r);
+    };
+    const auto outputs_of = [&](const Blocks& w, const float* in, float* out) {
+      const auto [j0, j1] = share(w.out, t, threads);
+      matmul_outputs(w, in, rows, out, j0, j1);
+    };
+
+    rms_norm(xs + r0 * hidden, norm_in.data_ptr<float>(), eps, r1 - r0, hidden, hp + r0 * hidden);
+    barrier->wait();
+    outputs_of(qkv, hp, qkvp);
+    barrier->wait();
+    in_rows([&](int64_t r) {
+      float* row = qkvp + r * qkv.out;
+      const float* rr = rot + r * hd;
+      for (int64_t head = 0; head < heads + kv_heads; ++head)
+        for (int64_t p = 0; p < hd / 2; ++p) {
+          float* pair = row + head * hd + 2 * p;
+          const float a = pair[0], b = pair[1], c = rr[2 * p], s = rr[2 * p + 1];
+          pair[0] = a * c - b * s;
+          pair[1] = a * s + b * c;
+        }
+      for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+        std::copy_n(row + (heads + kvh) * hd, hd, kp + (kvh * pool_slots + slot[r]) * hd);
+        std::copy_n(row + (heads + kv_heads + kvh) * hd, hd, vp + (kvh * pool_slots + slot[r]) * hd);
+      }
+    });
+    barrier->wait();
+    {
+      std::vector<float> p(group * width);
+      const auto [i0, i1] = share(rows * kv_heads, t, threads);
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r = i / kv_heads, kvh = i % kv_heads, head = kvh * group;
+        attend(qkvp + r * qkv.out + head * hd, group, kp + kvh * pool_slots * hd, vp + kvh * pool_slots * hd,
+               hist + r * width, len[r], static_cast<float>(scale), p.data(), attnp + r * heads * hd + head * hd);
+      }
+    }
+    barrier->wait();
+    outputs_of(o, attnp, projp);
+    barrier->wait();
+    in_rows([&](int64_t r) {
+      for (int64_t i = r * hidden; i < (r + 1) * hidden; ++i) xs[i] += projp[i];
+    });
+    rms_norm(xs + r0 * hidden, norm_post.data_ptr<float>(), eps, r1 - r0, hidden, hp + r0 * hidden);
+    barrier->wait();
+    outputs_of(gate_up, hp, gup);
+    barrier->wait();
+    const auto [c0, c1] = share(rows * inter / 16, t, threads);
+    silu_gate(gup, inter, actp, c0, c1);
+    barrier->wait();
+    outputs_of(down, actp, projp);
+    barrier->wait();
+    in_rows([&](int64_t r) {
+      for (int64_t i = r * hidden; i < (r + 1) * hidden; ++i) xs[i] += projp[i];
+    });
+  }
 }
 
 // How many threads a parallel_for of the kernels runs on (one when the build lost OpenMP: blockq.FLAGS).
