@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from voicepipe.llm import blockq
-from voicepipe.llm.blockq import FEW_ROWS, FUSED_ROWS, BlockLinear, dequantize, quantize
+from voicepipe.llm.blockq import FEW_ROWS, FUSED_REREAD, FUSED_ROWS, BlockLinear, dequantize, quantize
 from voicepipe.llm.decoder import Decoder
 from voicepipe.llm.request import Request
 from voicepipe.llm.runner import ModelRunner
@@ -188,6 +188,32 @@ def test_a_fused_step_is_the_step_run_op_by_op() -> None:
         for pools in ("k", "v"):
             torch.testing.assert_close(getattr(twins.runners[0].cache, pools)[layer],
                                        getattr(twins.runners[1].cache, pools)[layer], rtol=1e-5, atol=1e-5)
+
+
+@needs_avx512
+def test_a_prompt_span_over_a_long_history_runs_op_by_op() -> None:
+    """A fused step attends row by row, so each row of a prompt span would re-read the span's whole history: past
+    ``FUSED_REREAD`` slots of such re-reading the step runs op by op, while decodes and drafted tokens over the same
+    history stay fused (a drafted token's logits must be plain decoding's, bit for bit)."""
+    model = tiny_llama()
+    history = 1000
+    runner = ModelRunner(model, num_blocks=history // 4 + 8, block_size=4, decoder=Decoder(model, "q4"))
+
+    def item(span: int, draft: int = 0) -> ScheduledItem:
+        session = Session(ids=[i % 96 for i in range(history + span)], block_table=list(range(history // 4 + 8)))
+        scheduled = ScheduledItem(Request(session=session, params=SamplingParams()), history, span, draft_slots=draft)
+        scheduled.set_draft([1] * draft)
+        return scheduled
+
+    def fused(items) -> bool:
+        return runner.build(items)[2].row_history is not None
+
+    assert (FUSED_REREAD // history + 1) * history > FUSED_REREAD
+    assert not fused([item(FUSED_REREAD // history + 2)])
+    assert fused([item(FUSED_REREAD // history + 1)])
+    assert fused([item(1) for _ in range(FUSED_ROWS)])
+    assert not fused([item(1) for _ in range(FUSED_ROWS + 1)])
+    assert fused([item(1, draft=FUSED_REREAD // history + 4), item(1)])
 
 
 @needs_avx512

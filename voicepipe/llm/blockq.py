@@ -35,6 +35,11 @@ FEW_ROWS = 24
 # steps of up to this many rows run fused (``fused_layer``): past FEW_ROWS its matmuls cost a little more than
 # oneDNN's, but the ~40 tensor ops a layer it saves cost more
 FUSED_ROWS = 32
+# ... unless a prompt span's rows would re-read more history slots than this: each row of a fused step reads its
+# whole history (K/V in float32), where op by op the span reads it once: a caller's turn 30 turns into a call
+# (~1300 slots) had a TTFT of 275 ms fused against 182 op by op (`voicepipe bench llm --turns 30`); a handful of
+# prompt tokens over a few hundred slots stays cheaper fused
+FUSED_REREAD = 4096
 # -fopenmp: without it ATen's parallel_for (an OpenMP pragma in its header) runs the kernels on one thread; the
 # extension then links libgomp.so.1, which resolves to the copy torch has loaded already
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-fopenmp"]

@@ -218,9 +218,11 @@ class Decoder:
         x = x.index_select(0, keep)
         return self.lm_head(F.rms_norm(x, (self.hidden,), self.norm, self.eps)).float()
 
-    def fuses(self, rows: int) -> bool:
-        """Whether a step of ``rows`` rows runs fused (``_fused``): the runner then builds each row's history."""
-        return self.fused and rows <= blockq.FUSED_ROWS
+    def fuses(self, rows: int, reread: int) -> bool:
+        """Whether a step of ``rows`` rows runs fused (``_fused``): the runner then builds each row's history.
+        ``reread``: the most history slots a prompt span's rows read again after its first row (a fused step
+        attends row by row, where op by op the span reads its history once)."""
+        return self.fused and rows <= blockq.FUSED_ROWS and reread <= blockq.FUSED_REREAD
 
     def _fused(self, x: torch.Tensor, rot: torch.Tensor, layout: StepLayout, keep: torch.Tensor | None,
                cache: PagedKVCache) -> torch.Tensor | None:

@@ -143,7 +143,8 @@ class ModelRunner:
             if item.probe is not None:
                 probe_rows.append(t0 + item.probe)
         layout = StepLayout(slots=torch.tensor(slots, dtype=torch.long, device=dev))
-        if self.decoder is not None and self.decoder.fuses(len(ids)):  # attends row by row: nothing else to build
+        reread = max(((it.n_tokens - 1) * it.start for it in items if not it.draft), default=0)
+        if self.decoder is not None and self.decoder.fuses(len(ids), reread):  # row by row: nothing else to build
             layout.row_history, layout.row_lengths = self._row_history(items)
         else:
             self._attention_layout(items, layout)
