@@ -9,10 +9,11 @@ a 49k x 576 matrix of blocks cost more to unpack than to read here (one decode s
 A decode step reads every weight: 4-bit blocks are 0.625 bytes a weight against fp16's 2. The kernels
 (``csrc/blockq.cpp``, AVX-512, built with the machine's C++ compiler at first use and cached by torch) multiply a
 few rows at a time. ``fused_layer`` runs a whole decoder layer of a step of up to ``FUSED_ROWS`` rows (decodes,
-drafted tokens, a short prefill) in one native call (the decoder's ``_fused``), each row attending to its own
-history: the ~40 small tensor ops a layer cost about as much as its matmuls (one SmolLM2 decode step: 12 ms fused
-against 28 in fp16 op by op). A larger step (a prefill chunk) runs op by op, on oneDNN's float32 GEMM of a
-dequantized copy packed at load: the same weights, and faster at many rows.
+drafted tokens, a short prefill) in one native call (the decoder's ``_fused``) and one OpenMP region, each row
+attending to its own history: the ~40 small tensor ops a layer cost about as much as its matmuls (one SmolLM2
+decode step: 9 ms fused against 28 in fp16 op by op). A larger step (a prefill chunk) runs op by op: up to
+``FEW_ROWS`` rows on the native kernel, more on oneDNN's float32 GEMM of a dequantized copy packed at load (the
+same weights, and faster at many rows).
 """
 
 from __future__ import annotations

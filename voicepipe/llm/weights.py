@@ -16,8 +16,8 @@ A decode step reads every weight once and is bound by memory bandwidth, so the b
   layers of a model converted from a Q4_1 GGUF, as the default SmolLM2 is.
 - ``auto``: the fastest format on this hardware that passes the quality check (``quality.py``) against the model's
   own weights: on the CPU q4, then int8, fp16, else fp32; on CUDA bf16. Measured here on SmolLM2: all its linears
-  for one decode row take 8.1 ms in q4, 10.4 in int8, 8.3-11.2 in fp16, 29-33 in fp32 and 17.7 in bf16; a whole
-  q4 decode step, fused (``blockq.py``), 12 ms against fp16's 28 op by op.
+  for one decode row take 4.6 ms in q4, 10.4 in int8, 6.5-11.2 in fp16, 18-33 in fp32 and 17.7 in bf16; a whole
+  q4 decode step, fused (``blockq.py``), 9 ms against fp16's 28 op by op.
 
 Each format gives a kernel per weight matrix (``make_linear``): a callable ``[rows, in] -> [rows, out]``.
 """

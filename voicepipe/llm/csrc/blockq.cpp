@@ -227,14 +227,15 @@ class SpinBarrier {
       return;
     }
     for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
-      if (spins < 100000)
+      if (spins < kSpins)
         _mm_pause();
       else
-        std::this_thread::yield();  // the other thread lost its core: do not hold this one
+        std::this_thread::yield();  // the other thread lost its core (STT, TTS): let whatever waits for it run
     }
   }
 
  private:
+  static constexpr int kSpins = 2000;  // ~50 us of pauses here: longer than a phase's usual imbalance
   const int threads_;
   std::atomic<int> arrived_{0};
   std::atomic<int> generation_{0};
