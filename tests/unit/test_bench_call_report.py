@@ -22,7 +22,10 @@ def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(),
         replied = k not in no_reply
         result.turns.append(ClientTurn(k, speech_end=10.0 * k, first_audio=10.0 * k + 0.5 if replied else None))
         records.append({"turn": k, "user_text": "" if k in empty else "hello", "error": None, "interrupted": False,
-                        "timings_ms": {"response": 20.0, "ttft": ttft.get(k, 100.0)} if replied else {},
+                        "timings_ms": {"response": 20.0, "ttft": ttft.get(k, 100.0), "stt_final": 30.0 + k,
+                                       "voice_to_voice": 420.0}
+                        if replied else {},
+                        "timeline": {"speech_end": 10.0 * k, "end_of_turn": 10.0 * k + 0.25},
                         "prompt_tokens": 100 * k, "cached_prompt_tokens": 100 * k - 20})
     result.record = {"turns": records}
     return result
@@ -52,6 +55,11 @@ def test_report_pools_calls_and_gives_turn_and_window_ratios() -> None:
                                         "interrupted": False}]
     turn2 = next(row for row in report["per_turn"] if row["turn"] == 2)
     assert turn2["ttft_ms_p50"] == 100.0
+    stages = report["stages_ms"]
+    assert stages["stt_final"]["n"] == 59 and stages["stt_final"]["p50"] == 46.0  # 31..60 twice, less one 39
+    assert stages["end_of_turn_wait"]["p50"] == 250.0 and stages["end_of_turn_wait"]["n"] == 60  # turn 9 too
+    assert stages["tts_first_audio"]["n"] == 0
+    assert stages["outside_server"]["p50"] == 80.0 and stages["outside_server"]["n"] == 59  # 500 on the client
 
 
 def test_short_runs_have_no_turn30_or_window_ratio() -> None:

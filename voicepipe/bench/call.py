@@ -48,6 +48,10 @@ WINDOW = len(SENTENCES)  # turns per window of the window ratio: each sentence o
 KEY_ENTRIES = ["4217#", "1#", "305#", "9#", "7788#", "0#"]  # what the keypad call types, in turn
 DTMF_TARGET_P50_MS = 500.0
 WINDOW_RATIO = f"ttft_last{WINDOW}_over_turns2to{WINDOW + 1}"
+# The server's figures of a spoken turn's path (observability/timeline.py), reported as `stages_ms` with two more:
+# `end_of_turn_wait`, from the caller's end of speech to the end-of-turn decision (server clock), and
+# `outside_server`, the caller's voice-to-voice less the server's (audio late into or out of either event loop).
+STAGES = ("stt_final", "queue", "ttft", "first_clause", "tts_first_audio", "send_delay")
 
 
 def stats(values: list[float]) -> dict[str, float | None]:
@@ -102,6 +106,7 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
     The window ratio (``WINDOW_RATIO``) divides the median of the last ``WINDOW`` turns by that of as many turns
     from turn 2, which a noisy machine moves less; it needs the two windows apart (``2 * WINDOW + 1`` turns)."""
     v2v, response, ttft = [], [], []
+    stages: dict[str, list[float]] = {name: [] for name in ("end_of_turn_wait", *STAGES, "outside_server")}
     per_turn: dict[int, dict[str, list[float]]] = {}
     for result in results:
         server_turns = {t["turn"]: t for t in (result.record or {}).get("turns", [])}
@@ -110,7 +115,15 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
             if turn.voice_to_voice_ms is not None:
                 v2v.append(turn.voice_to_voice_ms)
                 row["voice_to_voice"].append(turn.voice_to_voice_ms)
-            timings = server_turns.get(turn.index, {}).get("timings_ms", {})
+            record = server_turns.get(turn.index, {})
+            timings, timeline = record.get("timings_ms", {}), record.get("timeline") or {}
+            for name in STAGES:
+                if name in timings:
+                    stages[name].append(timings[name])
+            if "speech_end" in timeline and "end_of_turn" in timeline:
+                stages["end_of_turn_wait"].append(1000 * (timeline["end_of_turn"] - timeline["speech_end"]))
+            if turn.voice_to_voice_ms is not None and "voice_to_voice" in timings:
+                stages["outside_server"].append(turn.voice_to_voice_ms - timings["voice_to_voice"])
             for key, bucket in (("response", response), ("ttft", ttft)):
                 if key in timings:
                     bucket.append(timings[key])
@@ -133,6 +146,7 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
         "voice_to_voice_ms": stats(v2v),
         "response_ms": stats(response),
         "ttft_ms": stats(ttft),
+        "stages_ms": {name: stats(values) for name, values in stages.items()},
         f"ttft_turn{last}_over_turn2": round(tl / t2, 3) if t2 and tl else None,
         "ttft_turn30_over_turn2": round(tl / t2, 3) if t2 and tl and last == 30 else None,
         WINDOW_RATIO: round(late / early, 3) if early and late and last >= 2 * WINDOW + 1 else None,
@@ -224,4 +238,5 @@ def _one_line(run: dict[str, Any]) -> str:
     return (f"calls={run['calls']} ({run['policy']}): voice-to-voice p50/p95 {v['p50']}/{v['p95']} ms, "
             f"response p50/p95 {r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio} "
             f"(last {WINDOW} / turns 2-{WINDOW + 1}: {run[WINDOW_RATIO]}), "
-            f"turns without reply {run['turns_without_reply']}")
+            f"turns without reply {run['turns_without_reply']}; stages p50/p95 ms: "
+            + ", ".join(f"{name} {s['p50']}/{s['p95']}" for name, s in run["stages_ms"].items()))
