@@ -7,6 +7,9 @@ which the CI machines have: only on a CPU without it are these tests skipped, an
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -79,6 +82,34 @@ def test_the_kernels_run_on_every_torch_thread() -> None:
         assert blockq.native().threads_used() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+@needs_avx512
+def test_other_python_threads_run_while_a_kernel_does() -> None:
+    """The kernels let go of the GIL: held, a call's event loops (inbound audio, the VAD) waited on the engine's
+    matmuls, in a four-call run for hundreds of ms at a time."""
+    kernels, blocks, x = blockq.native(), quantize(torch.randn(4096, 4096)), torch.randn(96, 4096)  # ~20 ms a call
+    wakes, done = [], threading.Event()
+
+    def ticker() -> None:
+        while not done.is_set():
+            time.sleep(0.001)
+            wakes.append(time.perf_counter())  # needs the GIL
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    try:
+        while not wakes:
+            time.sleep(0.001)
+        start = time.perf_counter()
+        kernels.linear(x, blocks)
+        end = time.perf_counter()
+    finally:
+        done.set()
+        thread.join()
+    during = [t for t in wakes if start < t < end]
+    # held through the call, the ticker could wake at most once or twice (before the call took the GIL back)
+    assert len(during) >= 10, f"{len(during)} wakes in a {1000 * (end - start):.0f} ms call"
 
 
 @needs_avx512
