@@ -105,7 +105,7 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
     ``ttft_turn30_over_turn2`` divides one turn's TTFT p50 by another's: with one call, one sample by one sample.
     The window ratio (``WINDOW_RATIO``) divides the median of the last ``WINDOW`` turns by that of as many turns
     from turn 2, which a noisy machine moves less; it needs the two windows apart (``2 * WINDOW + 1`` turns)."""
-    v2v, response, ttft = [], [], []
+    v2v, response = [], []
     stages: dict[str, list[float]] = {name: [] for name in ("end_of_turn_wait", *STAGES, "outside_server")}
     per_turn: dict[int, dict[str, list[float]]] = {}
     for result in results:
@@ -124,10 +124,11 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
                 stages["end_of_turn_wait"].append(1000 * (timeline["end_of_turn"] - timeline["speech_end"]))
             if turn.voice_to_voice_ms is not None and "voice_to_voice" in timings:
                 stages["outside_server"].append(turn.voice_to_voice_ms - timings["voice_to_voice"])
-            for key, bucket in (("response", response), ("ttft", ttft)):
+            for key in ("response", "ttft"):
                 if key in timings:
-                    bucket.append(timings[key])
                     row[key].append(timings[key])
+            if "response" in timings:
+                response.append(timings["response"])
     last = max(per_turn) if per_turn else 0
 
     def ttft_median(first: int, stop: int) -> float | None:
@@ -145,7 +146,7 @@ def summarize_run(results: list[CallResult], turns: int, seconds: float) -> dict
         "seconds": round(seconds, 1),
         "voice_to_voice_ms": stats(v2v),
         "response_ms": stats(response),
-        "ttft_ms": stats(ttft),
+        "ttft_ms": stats(stages["ttft"]),
         "stages_ms": {name: stats(values) for name, values in stages.items()},
         f"ttft_turn{last}_over_turn2": round(tl / t2, 3) if t2 and tl else None,
         "ttft_turn30_over_turn2": round(tl / t2, 3) if t2 and tl and last == 30 else None,

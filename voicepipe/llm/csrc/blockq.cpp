@@ -381,9 +381,8 @@ int64_t threads_used() {
   return std::count(seen.begin(), seen.end(), 1);
 }
 
-// The kernels let go of the GIL, as torch's own ops do: held through a fused step's 30 layers, it kept the event
-// loops of four calls (their inbound audio, the VAD) waiting for up to the interpreter's 5 ms switch interval at a
-// time.
+// The kernels let go of the GIL, as torch's own ops do: held through every call, a thread of them kept an asyncio
+// loop beside it (a call's inbound audio, the VAD) from waking for up to 1.5 s.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto without_gil = py::call_guard<py::gil_scoped_release>();
   m.def("threads_used", &threads_used, "threads a parallel_for of these kernels runs on");
