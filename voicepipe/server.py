@@ -17,6 +17,7 @@ from voicepipe.llm.api import create_openai_router
 from voicepipe.observability.api import close_call_store, create_calls_api_router, open_call_store
 from voicepipe.observability.dashboard import install_dashboard
 from voicepipe.observability.hooks import Observers
+from voicepipe.observability.loop_lag import watch_loop_lag
 from voicepipe.observability.recorder import CallRecorder
 from voicepipe.runtime import Runtime
 from voicepipe.transports.gateway import create_call_router
@@ -39,7 +40,12 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
         if load_models:
             loading = asyncio.create_task(asyncio.to_thread(runtime.load), name="load-models")
             loading.add_done_callback(_log_load_failure)
+        watching = None
+        if hasattr(app.state, "metrics"):
+            watching = asyncio.create_task(watch_loop_lag(app.state.metrics.loop_lag.observe), name="loop-lag")
         yield
+        if watching is not None:
+            watching.cancel()
         await hang_up_webrtc_calls(app)  # WebRTC calls are no connections uvicorn knows to close
         await hang_up_sip_calls(app)  # nor are SIP calls' peers (their WebSockets are closed by now)
         if loading is not None and not loading.done():

@@ -75,7 +75,8 @@ def test_the_dashboard_has_the_panels_the_operators_need():
     titles = " | ".join(panel["title"] for panel in dashboard()["panels"]).lower()
     for needed in ("voice-to-voice p50 / p95 by transport", "ttft p95 by turn", "inter-token", "queue time",
                    "kv cache blocks", "calls", "prefix-cache hit rate", "barge-ins", "errors",
-                   "end-of-turn wait p50 / p95 by policy", "reopened turns", "tool call latency", "keypad response"):
+                   "end-of-turn wait p50 / p95 by policy", "reopened turns", "tool call latency", "keypad response",
+                   "event loop lag"):
         assert needed in titles
     for panel in dashboard()["panels"]:
         assert panel["targets"], f"panel {panel['title']!r} has no query"

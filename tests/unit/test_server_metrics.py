@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi.testclient import TestClient
 
 from tests.metrics_helpers import Scrape
@@ -48,3 +50,11 @@ def test_metrics_switched_off():
     assert app.state.runtime.request_listeners == []
     with TestClient(app) as client:
         assert client.get("/metrics").status_code == 404
+
+
+def test_the_app_watches_its_event_loop_while_it_runs():
+    app = make_app()
+    with TestClient(app) as client:
+        time.sleep(0.35)  # the app's loop runs in the client's thread and wakes its 100 ms timer meanwhile
+        scrape = Scrape(client.get("/metrics").text)
+    assert scrape.value("voicepipe_event_loop_lag_seconds_count") >= 2

@@ -1,14 +1,15 @@
 """Prometheus metrics of one app: latency histograms, call and error counters, and the engine's live state.
 
 Every app owns its `Metrics` with its own `CollectorRegistry` (never the global one), so several apps in one
-process do not collide. Two sources feed it:
+process do not collide. Three sources feed it:
 
 - the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio, send
   delay, DTMF response, the end-of-turn wait, reopened turns, tool call latency, turn errors; `event` "barge_in"
   (the greeting's too);
   `call_started`/`call_ended`: active calls, calls by outcome, call errors);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
-  and API requests' alike, so each request is counted once).
+  and API requests' alike, so each request is counted once);
+- the app's event loop, through `loop_lag.watch_loop_lag` (`loop_lag`: how late the loop runs, no labels).
 
 Labels: ``tier`` and ``transport`` (a call's turns: tier "priority" and the call's transport; a sessionless
 request, i.e. the OpenAI API: its tier and "http"). TTFT also has ``turn``, the request's turn-number bucket
@@ -55,6 +56,9 @@ END_OF_TURN_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
 
 # A tool call: a built-in takes microseconds, a webhook tens of ms to its timeout (calls.webhook_tools[].timeout_s).
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+
+# A healthy loop wakes a timer well under a millisecond late; a loop held by a blocking call, tens of ms to seconds.
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 ACCEPTANCE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -124,6 +128,9 @@ class Metrics:
         self.tool_calls = Histogram("voicepipe_tool_call_seconds", "A call's tool calls: the model's call to its "
                                     "result (a webhook's answer, an error or a timeout).", ["tool", "outcome"],
                                     buckets=TOOL_BUCKETS, registry=self.registry)
+        self.loop_lag = Histogram("voicepipe_event_loop_lag_seconds", "How late the event loop woke a 100 ms "
+                                  "timer: every call's audio and turn-taking waited as long.",
+                                  buckets=LOOP_LAG_BUCKETS, registry=self.registry)
         self.registry.register(LiveCollector(self.snapshot, engine))
 
     # -- serving --------------------------------------------------------------------------------------------------
