@@ -89,6 +89,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     flat["step_overhead_ms"] = single[best]["profile"].get("overhead")
     if "llamacpp" in single:
         flat["llamacpp_tok_s"] = single["llamacpp"]["tok_s"]
+        flat["best_over_llamacpp"] = round(single[best]["tok_s"] / single["llamacpp"]["tok_s"], 3)
     return flat
 
 
@@ -183,7 +184,10 @@ def _llamacpp(path, prompts: list[str], max_tokens: int) -> dict[str, Any] | Non
     ggufs = sorted(path.glob("*.gguf"))
     if not ggufs:
         return None
-    llm = Llama(model_path=str(ggufs[0]), n_ctx=2048, verbose=False)
+    import torch
+
+    threads = torch.get_num_threads()  # the engine's; llama.cpp's default is half the cores
+    llm = Llama(model_path=str(ggufs[0]), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
     decode = _Decode()
     for prompt in prompts:
         times: list[float] = []
@@ -194,7 +198,7 @@ def _llamacpp(path, prompts: list[str], max_tokens: int) -> dict[str, Any] | Non
                 times.append(time.perf_counter())
                 ids.append(0)
         decode.add(times, ids)
-    return {"tok_s": decode.tok_s, "gguf": ggufs[0].name}
+    return {"tok_s": decode.tok_s, "gguf": ggufs[0].name, "threads": threads}
 
 
 def run_decode_bench(settings, max_tokens: int = 64, sessions: int = 16, prompts: int = len(PROMPTS),
