@@ -19,6 +19,7 @@ import pytest
 from tests.call_helpers import call_settings
 from tests.metrics_helpers import Scrape
 from tests.net_helpers import in_process_server
+from voicepipe.bench.call import loop_lag_counts, loop_lag_summary
 from voicepipe.caller import read_wav, run_call, utterance
 
 pytestmark = pytest.mark.e2e
@@ -88,7 +89,7 @@ def test_call_request_is_labelled_with_the_calls_transport(server, tmp_path):
     base, _ = server
     wav = tmp_path / "caller.wav"
     subprocess.run(["espeak-ng", "-w", str(wav), "What is the capital of France?"], check=True, capture_output=True)
-    before = scrape(base)
+    before, lag_before = scrape(base), asyncio.run(loop_lag_counts(base))
     result = asyncio.run(run_call(base.replace("http://", "ws://") + "/ws/twilio", "twilio",
                                   [utterance(*read_wav(wav))], quiet_s=0.6, record_url=base))
     assert len(result.turns) == 1
@@ -120,6 +121,9 @@ def test_call_request_is_labelled_with_the_calls_transport(server, tmp_path):
     assert moved("voicepipe_llm_requests_total", tier="priority", transport="twilio") == 1
     assert after.value("voicepipe_active_calls") == 0
     assert after.value("voicepipe_sessions_pinned") == 0  # the call's session was closed with the call
+    # the loop kept waking its lag timer through the call; `bench call` reads the same figures
+    lag = loop_lag_summary(lag_before, asyncio.run(loop_lag_counts(base)))
+    assert moved("voicepipe_event_loop_lag_seconds_count") >= 1 and lag["samples"] >= 1
 
 
 def test_the_grafana_dashboard_queries_only_what_the_loaded_app_exports(server):

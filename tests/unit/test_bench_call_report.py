@@ -6,12 +6,15 @@ from voicepipe.bench.call import (
     SENTENCES,
     WINDOW,
     WINDOW_RATIO,
+    loop_lag_summary,
+    parse_loop_lag,
     policy_ratios,
     sentence_of_turn,
     summarize_run,
 )
 from voicepipe.bench.remote import remote_ratios
 from voicepipe.caller import CallResult, ClientTurn
+from voicepipe.observability.metrics import Metrics
 
 
 def call(call_id: str, ttft: dict[int, float], no_reply: set[int] = frozenset(), empty: set[int] = frozenset(),
@@ -85,3 +88,20 @@ def test_the_cached_fraction_counts_from_turn_2_and_remote_runs_compare_with_loc
     remote = {"concurrency": 1, "voice_to_voice_ms": {"p50": 1150.0}, "cached_fraction_from_turn2": {"min": 0.91}}
     ratios = remote_ratios([local], [remote])
     assert ratios["remote_over_local_v2v"] == 1.15 and ratios["remote_cached_fraction"] == {"min": 0.91}
+
+
+def test_a_runs_event_loop_lag_is_what_it_added_to_the_servers_histogram() -> None:
+    metrics = Metrics()
+
+    def counts() -> dict[float, float] | None:
+        return parse_loop_lag(metrics.render()[0].decode())
+
+    metrics.loop_lag.observe(2.0)  # before the run: not its own
+    before = counts()
+    for lag in (0.0004, 0.003, 0.08, 0.3, 0.7):
+        metrics.loop_lag.observe(lag)
+    assert loop_lag_summary(before, counts()) == {"samples": 5, "late": 2, "worst_ms_at_most": 1000.0}
+    metrics.loop_lag.observe(9.0)
+    assert loop_lag_summary(before, counts())["worst_ms_at_most"] is None  # beyond the last finite bound
+    assert loop_lag_summary(counts(), counts()) == {"samples": 0, "late": 0, "worst_ms_at_most": 0.0}
+    assert loop_lag_summary(None, counts()) is None  # a server without /metrics

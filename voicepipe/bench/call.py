@@ -13,6 +13,8 @@ Then one call types keypad entries (`--dtmf-turns`, each ended by #): `dtmf_resp
 from the entry's end (the # key) to the first agent audio handed to the transport, `dtmf_response_client_ms` the
 caller's, from sending # to the first agent audio received; `dtmf_response_over_response` divides its p50 by the
 spoken turns' response p50 (end of turn to first audio) at one call in the same run.
+Each run's `event_loop_lag` is what it added to the server's `voicepipe_event_loop_lag_seconds` (from /metrics; None
+where the server serves none): a loop held up delays every call's turn-taking at once.
 Caller utterances are made with espeak-ng; calls run against `--url`, or an in-process server.
 """
 
@@ -26,9 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from voicepipe.caller import CallResult, Utterance, keypad, read_wav, run_call, utterance
+from voicepipe.caller.server_api import http_client
 from voicepipe.server import serve_in_thread
 
 # The caller says these in turn. Seven of them: turn 30 says turn 2's sentence again (28 = 4 x 7) and any seven
@@ -52,6 +57,8 @@ WINDOW_RATIO = f"ttft_last{WINDOW}_over_turns2to{WINDOW + 1}"
 # `end_of_turn_wait`, from the caller's end of speech to the end-of-turn decision (server clock), and
 # `outside_server`, the caller's voice-to-voice less the server's (audio late into or out of either event loop).
 STAGES = ("stt_final", "queue", "ttft", "first_clause", "tts_first_audio", "send_delay")
+LOOP_LAG = "voicepipe_event_loop_lag_seconds"
+LATE_S = 0.1  # `event_loop_lag`'s `late` counts the lags over this (a bucket bound of the histogram)
 
 
 def stats(values: list[float]) -> dict[str, float | None]:
@@ -83,9 +90,43 @@ def make_utterances(turns: int, directory: Path) -> list[Utterance]:
 
 async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None,
                     policy: str | None = None) -> dict[str, Any]:
+    lag_before = await loop_lag_counts(base, token)
     started = time.monotonic()
     results = await run_calls(base, n_calls, utterances, token, policy)
-    return {"policy": policy, **summarize_run(results, len(utterances), time.monotonic() - started)}
+    seconds = time.monotonic() - started
+    return {"policy": policy, **summarize_run(results, len(utterances), seconds),
+            "event_loop_lag": loop_lag_summary(lag_before, await loop_lag_counts(base, token))}
+
+
+async def loop_lag_counts(base: str, token: str | None = None) -> dict[float, float] | None:
+    """The server's event-loop lag histogram from its /metrics (None where it serves none)."""
+    async with http_client(base, token) as client:
+        try:
+            response = await client.get("/metrics")
+        except httpx.TransportError:
+            return None
+    return parse_loop_lag(response.text) if response.status_code == 200 else None
+
+
+def parse_loop_lag(exposition: str) -> dict[float, float] | None:
+    """The lag histogram's cumulative sample counts by bucket bound in seconds (the last bound is inf)."""
+    counts = {float(sample.labels["le"]): sample.value
+              for family in text_string_to_metric_families(exposition) if family.name == LOOP_LAG
+              for sample in family.samples if sample.name == LOOP_LAG + "_bucket"}
+    return counts or None
+
+
+def loop_lag_summary(before: dict[float, float] | None, after: dict[float, float] | None) -> dict[str, Any] | None:
+    """What a run added to the server's loop-lag histogram: ``samples``, how many were ``late`` (over ``LATE_S``)
+    and ``worst_ms_at_most``, the bound of the worst one's bucket (None: beyond the last finite bound)."""
+    if before is None or after is None:
+        return None
+    added = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    samples = added[float("inf")]
+    on_time = max((count for bound, count in added.items() if bound <= LATE_S), default=0.0)
+    worst = next(bound for bound, count in added.items() if count == samples) if samples else 0.0
+    return {"samples": int(samples), "late": int(samples - on_time),
+            "worst_ms_at_most": round(worst * 1000.0, 1) if worst != float("inf") else None}
 
 
 async def run_calls(base: str, n_calls: int, utterances: list[Utterance], token: str | None = None,
@@ -240,4 +281,5 @@ def _one_line(run: dict[str, Any]) -> str:
             f"response p50/p95 {r['p50']}/{r['p95']} ms, TTFT p50 {t['p50']} ms, TTFT last/turn2 {ratio} "
             f"(last {WINDOW} / turns 2-{WINDOW + 1}: {run[WINDOW_RATIO]}), "
             f"turns without reply {run['turns_without_reply']}; stages p50/p95 ms: "
-            + ", ".join(f"{name} {s['p50']}/{s['p95']}" for name, s in run["stages_ms"].items()))
+            + ", ".join(f"{name} {s['p50']}/{s['p95']}" for name, s in run["stages_ms"].items())
+            + f"; event loop lag {run['event_loop_lag']}")
