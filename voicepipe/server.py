@@ -42,7 +42,8 @@ def create_app(settings: Settings, load_models: bool = True) -> FastAPI:
             loading.add_done_callback(_log_load_failure)
         watching = None
         if hasattr(app.state, "metrics"):
-            watching = asyncio.create_task(watch_loop_lag(app.state.metrics.loop_lag.observe), name="loop-lag")
+            watching = asyncio.create_task(_watch_loop_once_loaded(loading, app.state.metrics.loop_lag.observe),
+                                           name="loop-lag")
         yield
         if watching is not None:
             watching.cancel()
@@ -116,6 +117,14 @@ def _mount_metrics(app: FastAPI) -> None:
         check_http_token(request)  # the figures reveal the live calls and the engine's state
         body, content_type = metrics.render(request.headers.get("accept"))
         return Response(body, headers={"Content-Type": content_type})
+
+
+async def _watch_loop_once_loaded(loading: asyncio.Task | None, observe: Callable[[float], None]) -> None:
+    """The event loop's lag from when the models are loaded (no call is taken before): loading them holds the loop
+    up to ~0.5 s at a time (onnxruntime builds the TTS voice's session without letting go of the GIL)."""
+    if loading is not None:
+        await asyncio.wait([loading])
+    await watch_loop_lag(observe)
 
 
 def _log_load_failure(task: asyncio.Task) -> None:
