@@ -8,7 +8,9 @@ do), voice-agent prompts (a short system prompt, a caller's question; half of th
 - ``fp32_decoder``: voicepipe's decoder in float32; ``q4``, ``fp16`` and ``int8``: the decoder in those weight
   formats; ``*_spec``: with prompt-lookup speculation (``llm.speculative = "ngram"``). The ``engine_best`` keys are
   the better of the format ``auto`` picks on this machine (on these CPUs q4: lossless for SmolLM2's Q4_1 weights;
-  int8 fails the quality bound) with and without speculation.
+  int8 fails the quality bound) with and without speculation;
+- ``llamacpp``: llama.cpp on the model directory's GGUF, single stream, where ``llama-cpp-python`` is installed
+  (optional, never in CI); ``best_over_llamacpp`` is ``engine_best`` over it.
 
 Single stream: the prompts one at a time, each configuration in turn per prompt (so a drift of the shared machine
 lands on all of them), decode tokens/s = tokens after the first / time from the first to the last. 16 sessions: 16
@@ -175,30 +177,57 @@ class _Baseline:
         return tokens, wall
 
 
-def _llamacpp(path, prompts: list[str], max_tokens: int) -> dict[str, Any] | None:
-    """llama.cpp on the model's GGUF, when llama-cpp-python is installed (optional, never in CI)."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    ggufs = sorted(path.glob("*.gguf"))
-    if not ggufs:
-        return None
-    import torch
+class _LlamaCpp:
+    """llama.cpp on the model's GGUF (llama-cpp-python: optional, never in CI), on the engine's thread count
+    (llama.cpp's default is half the cores), in a process of its own: in this one, once an engine's thread has run
+    OpenMP regions the process has more OpenMP threads than cores, libgomp then sleeps between barriers instead of
+    spinning, and llama.cpp's decode (an OpenMP barrier between every two ops) fell to a third (95 -> 33 tok/s)."""
 
-    threads = torch.get_num_threads()  # the engine's; llama.cpp's default is half the cores
-    llm = Llama(model_path=str(ggufs[0]), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
-    decode = _Decode()
-    for prompt in prompts:
-        times: list[float] = []
-        ids: list[int] = []
-        for chunk in llm.create_chat_completion(_messages(prompt), max_tokens=max_tokens, temperature=0.0,
-                                                stream=True):
-            if chunk["choices"][0]["delta"].get("content"):
-                times.append(time.perf_counter())
-                ids.append(0)
-        decode.add(times, ids)
-    return {"tok_s": decode.tok_s, "gguf": ggufs[0].name, "threads": threads}
+    def __init__(self, gguf, threads: int) -> None:
+        import multiprocessing
+
+        self.gguf, self.threads = gguf, threads
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve_llamacpp, args=(child, str(gguf), threads), daemon=True,
+                                       name="llama.cpp")
+        self.process.start()
+
+    @classmethod
+    def load(cls, path, threads: int) -> _LlamaCpp | None:
+        """None where llama-cpp-python is not installed or the model directory has no GGUF."""
+        import importlib.util
+
+        ggufs = sorted(path.glob("*.gguf"))
+        return cls(ggufs[0], threads) if ggufs and importlib.util.find_spec("llama_cpp") else None
+
+    def single(self, prompt: str, max_tokens: int) -> tuple[list[float], list[int]]:
+        """The time of each streamed piece (one a token; no ids: nothing compares llama.cpp's tokens)."""
+        self.conn.send((prompt, max_tokens))
+        return self.conn.recv(), []
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=30)
+
+
+def _serve_llamacpp(conn, gguf: str, threads: int) -> None:
+    """The llama.cpp process: a reply's piece times (``time.perf_counter``, one clock for every process) for each
+    (prompt, max_tokens) it receives, until it receives None or the bench has gone."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        prompt, max_tokens = job
+        conn.send([time.perf_counter() for chunk in llm.create_chat_completion(
+            _messages(prompt), max_tokens=max_tokens, temperature=0.0, stream=True)
+            if chunk["choices"][0]["delta"].get("content")])
 
 
 def run_decode_bench(settings, max_tokens: int = 64, sessions: int = 16, prompts: int = len(PROMPTS),
@@ -219,6 +248,7 @@ def run_decode_bench(settings, max_tokens: int = 64, sessions: int = 16, prompts
     base_model, _ = load_causal_lm(path, device, dtype)  # transformers' generate, untouched
     today_model, _ = load_causal_lm(path, device, dtype)  # today's path patches its linears
     baseline = _Baseline(base_model, tokenizer)
+    llamacpp = _LlamaCpp.load(path, torch.get_num_threads())
     engines = {}
     for name, update in CONFIGS.items():
         llm = settings.llm.model_copy(update={"kv_cache_mib": 256, "max_running": max(sessions, 16), **update})
@@ -235,13 +265,16 @@ def run_decode_bench(settings, max_tokens: int = 64, sessions: int = 16, prompts
     try:
         for engine in engines.values():  # warm-up: first-call costs stay out of the figures
             asyncio.run(_engine_single(engine, chosen[0], 4))
-        baseline.single(chosen[0], 4)
-        decodes = {name: _Decode() for name in ("baseline", *engines)}
+        others = {"baseline": baseline, **({"llamacpp": llamacpp} if llamacpp else {})}
+        for other in others.values():
+            other.single(chosen[0], 4)
+        decodes = {name: _Decode() for name in (*others, *engines)}
         before = {name: engine.step_profile() for name, engine in engines.items()}
         counters = {name: dict(engine.counters) for name, engine in engines.items()}
         for i, prompt in enumerate(chosen):
             progress(f"single stream: prompt {i + 1}/{len(chosen)}")
-            decodes["baseline"].add(*baseline.single(prompt, max_tokens))
+            for name, other in others.items():
+                decodes[name].add(*other.single(prompt, max_tokens))
             for name, engine in engines.items():
                 decodes[name].add(*asyncio.run(_engine_single(engine, prompt, max_tokens)))
         for name, decode in decodes.items():
@@ -253,6 +286,8 @@ def run_decode_bench(settings, max_tokens: int = 64, sessions: int = 16, prompts
                 accepted = engine.counters["accepted_tokens"] - counters[name]["accepted_tokens"]
                 row["acceptance_rate"] = round(accepted / drafted, 3) if drafted else None
                 row["same_tokens_as_fp32"] = _agreement(decodes["fp32"].outputs, decode.outputs)
+            elif name == "llamacpp":
+                row.update(gguf=llamacpp.gguf.name, threads=llamacpp.threads)
             report["single"][name] = row
             progress(f"  {name}: {row['tok_s']} tok/s")
         order = list(engines)
@@ -276,9 +311,8 @@ def run_decode_bench(settings, max_tokens: int = 64, sessions: int = 16, prompts
     finally:
         for engine in engines.values():
             engine.stop()
-    llamacpp = _llamacpp(path, chosen, max_tokens)
-    if llamacpp is not None:
-        report["single"]["llamacpp"] = llamacpp
+        if llamacpp is not None:
+            llamacpp.close()
     report.update(summarize(report))
     return report
 
