@@ -93,9 +93,8 @@ async def bench_run(base: str, n_calls: int, utterances: list[Utterance], token:
     lag_before = await loop_lag_counts(base, token)
     started = time.monotonic()
     results = await run_calls(base, n_calls, utterances, token, policy)
-    seconds = time.monotonic() - started
-    return {"policy": policy, **summarize_run(results, len(utterances), seconds),
-            "event_loop_lag": loop_lag_summary(lag_before, await loop_lag_counts(base, token))}
+    run = summarize_run(results, len(utterances), time.monotonic() - started)
+    return {"policy": policy, **run, "event_loop_lag": loop_lag_summary(lag_before, await loop_lag_counts(base, token))}
 
 
 async def loop_lag_counts(base: str, token: str | None = None) -> dict[float, float] | None:

@@ -179,9 +179,9 @@ class _Baseline:
 
 class _LlamaCpp:
     """llama.cpp on the model's GGUF (llama-cpp-python: optional, never in CI), on the engine's thread count
-    (llama.cpp's default is half the cores), in a process of its own: in this one, once an engine's thread has run
-    OpenMP regions the process has more OpenMP threads than cores, libgomp then sleeps between barriers instead of
-    spinning, and llama.cpp's decode (an OpenMP barrier between every two ops) fell to a third (95 -> 33 tok/s)."""
+    (llama.cpp's default is half the cores), in a process of its own: in the bench's, once an engine's thread had
+    run OpenMP regions the process had more OpenMP threads than cores, libgomp then slept between barriers instead
+    of spinning, and llama.cpp's decode (an OpenMP barrier between every two ops) fell to a third (95 -> 33 tok/s)."""
 
     def __init__(self, gguf, threads: int) -> None:
         import multiprocessing

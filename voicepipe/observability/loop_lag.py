@@ -1,10 +1,10 @@
-"""How late the event loop runs: a timer's lateness, sampled all the time the server runs.
+"""How late the event loop runs: the lateness of a timer that should fire every ``interval_s``.
 
 Every call's inbound audio, end-of-turn decision and outbound frames wait on the one event loop. When something
 holds it (a blocking call on the loop, or a native kernel on another thread that keeps the GIL), every call's
-turn-taking is late by as much, yet no per-turn stage shows it as its own. A timer that should fire every
-``interval_s`` shows it: its lateness goes to ``voicepipe_event_loop_lag_seconds``, and a lateness of
-``warn_s`` or more is logged (at most once per ``warn_every_s``).
+turn-taking is late by as much, yet no per-turn stage shows it as its own. The timer shows it: its lateness goes
+to ``voicepipe_event_loop_lag_seconds`` (the server runs the watch from when its models are loaded), and a
+lateness of ``warn_s`` or more is logged (at most once per ``warn_every_s``).
 """
 
 from __future__ import annotations
