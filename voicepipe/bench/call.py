@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from voicepipe.caller import CallResult, Utterance, keypad, read_wav, run_call, utterance
 from voicepipe.caller.server_api import http_client
+from voicepipe.observability.metrics import LOOP_LAG
 from voicepipe.server import serve_in_thread
 
 # The caller says these in turn. Seven of them: turn 30 says turn 2's sentence again (28 = 4 x 7) and any seven
@@ -57,7 +58,6 @@ WINDOW_RATIO = f"ttft_last{WINDOW}_over_turns2to{WINDOW + 1}"
 # `end_of_turn_wait`, from the caller's end of speech to the end-of-turn decision (server clock), and
 # `outside_server`, the caller's voice-to-voice less the server's (audio late into or out of either event loop).
 STAGES = ("stt_final", "queue", "ttft", "first_clause", "tts_first_audio", "send_delay")
-LOOP_LAG = "voicepipe_event_loop_lag_seconds"
 LATE_S = 0.1  # `event_loop_lag`'s `late` counts the lags over this (a bucket bound of the histogram)
 
 

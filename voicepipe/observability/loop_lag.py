@@ -15,8 +15,10 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+INTERVAL_S = 0.1
 
-async def watch_loop_lag(observe: Callable[[float], None], interval_s: float = 0.1, warn_s: float = 0.25,
+
+async def watch_loop_lag(observe: Callable[[float], None], interval_s: float = INTERVAL_S, warn_s: float = 0.25,
                          warn_every_s: float = 10.0) -> None:
     """Sleep ``interval_s`` at a time until cancelled and ``observe`` each wake-up's lateness, in seconds."""
     loop = asyncio.get_running_loop()

@@ -31,6 +31,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
 
+from voicepipe.observability.loop_lag import INTERVAL_S
 from voicepipe.observability.metrics_live import LiveCollector
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ END_OF_TURN_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
 # A healthy loop wakes a timer well under a millisecond late; a loop held by a blocking call, tens of ms to seconds.
+LOOP_LAG = "voicepipe_event_loop_lag_seconds"
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 ACCEPTANCE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -128,8 +130,8 @@ class Metrics:
         self.tool_calls = Histogram("voicepipe_tool_call_seconds", "A call's tool calls: the model's call to its "
                                     "result (a webhook's answer, an error or a timeout).", ["tool", "outcome"],
                                     buckets=TOOL_BUCKETS, registry=self.registry)
-        self.loop_lag = Histogram("voicepipe_event_loop_lag_seconds", "How late the event loop woke a 100 ms "
-                                  "timer: every call's audio and turn-taking waited as long.",
+        self.loop_lag = Histogram(LOOP_LAG, f"How late the event loop woke a {INTERVAL_S * 1000:.0f} ms timer: "
+                                  "every call's audio and turn-taking waited as long.",
                                   buckets=LOOP_LAG_BUCKETS, registry=self.registry)
         self.registry.register(LiveCollector(self.snapshot, engine))
 
