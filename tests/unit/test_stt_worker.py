@@ -22,6 +22,7 @@ class FakeDecoder:
         self.delay = 0.0
         self.empty = False  # decode to no words (as a model may for a slice of a turn)
         self.dropped = ""  # with `empty`: the words a no-speech filter dropped
+        self.empty_for: set[int] = set()  # audio lengths that decode to no words
 
     def context_tokens(self, initial_prompt, hotwords) -> list[int]:
         return [1] if initial_prompt or hotwords else []
@@ -36,7 +37,7 @@ class FakeDecoder:
         for audio in audios:
             n = len(audio) // 1600
             self.calls.append(("batch" if len(audios) > 1 else "one", len(audio)))
-            tokens = [] if self.empty else list(range(n))
+            tokens = [] if self.empty or len(audio) in self.empty_for else list(range(n))
             out.append(DecodeResult(tokens, " ".join(f"w{i}" for i in tokens), 0.0, 0.0, len(audio),
                                     dropped_text=self.dropped if self.empty else ""))
         return out
@@ -146,16 +147,17 @@ def test_silent_tail_rule() -> None:
     assert not _silent_tail(audio, 0, 3000)
 
 
-def test_final_reuses_the_last_partial_when_only_silence_is_missing() -> None:
+def test_final_reuses_the_pauses_partial_that_covers_the_end() -> None:
     stt, fake = make(partial_interval_ms=500)
     stream = stt.open_stream(16000)
     stream.push(loud(1.0))  # asks for a partial of this 1 s
+    stream.push(np.zeros(1600, np.float32))  # 100 ms of silence: the pause's partial, of all 1.1 s
     deadline = time.monotonic() + 5
-    while stt.stats.partials_done == 0 and time.monotonic() < deadline:
+    while stt.stats.partials_done < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    stream.push(np.zeros(1600, np.float32))  # 100 ms of silence after the speech (no new partial yet)
     final = stream.finish(end_sample=16000 + 800).result(timeout=5)
-    assert final.reused and final.text == " ".join(f"w{i}" for i in range(10))
+    assert final.reused and fake.calls[-1] == ("one", 17600)
+    assert final.text == " ".join(f"w{i}" for i in range(11))  # the fake hears a word in every 100 ms
     other = stt.open_stream(16000)
     other.push(loud(1.0))
     while stt.stats.partials_done < 2 and time.monotonic() < deadline:
@@ -171,14 +173,25 @@ def test_final_does_not_reuse_a_partial_that_heard_no_words() -> None:
     fake.empty = True
     stream = stt.open_stream(16000)
     stream.push(loud(1.0))
+    stream.push(np.zeros(1600, np.float32))  # the pause's partial hears nothing too
     deadline = time.monotonic() + 5
-    while stt.stats.partials_done == 0 and time.monotonic() < deadline:
+    while stt.stats.partials_done < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     fake.empty = False
-    stream.push(np.zeros(1600, np.float32))  # only silence after the empty partial
     final = stream.finish(end_sample=16000 + 800).result(timeout=5)
     stt.close()
-    assert not final.reused and final.text == " ".join(f"w{i}" for i in range(10))
+    assert not final.reused and final.text == " ".join(f"w{i}" for i in range(11))
+
+
+def test_a_pause_whose_audio_decodes_to_nothing_falls_back_to_the_end_of_speech() -> None:
+    stt, fake = make(partial_interval_ms=5000)
+    fake.empty_for = {17600}  # the audio up to the pause's request: the model gives up on it
+    stream = stt.open_stream(16000)
+    stream.push(loud(1.0))
+    stream.push(np.zeros(1600, np.float32))
+    final = stream.finish(end_sample=16800).result(timeout=5)
+    stt.close()
+    assert ("one", 16800) in fake.calls and final.text == " ".join(f"w{i}" for i in range(10))
 
 
 def test_covered_final_does_not_wait_behind_the_worker() -> None:
@@ -376,3 +389,52 @@ def test_a_decode_that_fails_for_one_stream_costs_the_streams_batched_with_it_no
     again.push(loud(0.2))
     assert again.finish().result(timeout=5).text == "w0 w1"  # and the worker serves on
     stt.close()
+
+
+def _said_then_paused(stream, quiet_s: float = 0.3) -> None:
+    """One second of speech, then a pause: 20 ms chunks, as a call pushes them."""
+    for _ in range(50):
+        stream.push(loud(0.02))
+    for _ in range(round(quiet_s / 0.02)):
+        stream.push(np.zeros(320, np.float32))
+
+
+def test_a_final_decodes_the_same_audio_whether_or_not_the_worker_was_quick() -> None:
+    """The final of a pause is the decode of the audio up to the pause's own partial request (it covers the end of
+    speech), so its text is the same when that partial was decoded in time (reused at once) and when the worker was
+    busy (decoded for the final). Decoding up to the VAD's end instead gave one word more in the busy case."""
+    end = 17600  # 1.1 s: the VAD's speech end, a little after the pause's request (1.06 s)
+    quick, fake = make(partial_interval_ms=5000)
+    stream = quick.open_stream(16000)
+    _said_then_paused(stream)
+    deadline = time.monotonic() + 5
+    while quick.stats.partials_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reused = stream.finish(end).result(timeout=5)
+    quick.close()
+
+    busy, held = make(partial_interval_ms=5000)
+    held.gate.clear()
+    blocker = busy.open_stream(16000)
+    blocker.push(loud(0.2))
+    blocker.finish()  # another call's final holds the worker
+    time.sleep(0.05)
+    stream = busy.open_stream(16000)
+    _said_then_paused(stream)  # its pause's partial waits behind the blocker
+    pending = stream.finish(end)
+    held.gate.set()
+    decoded = pending.result(timeout=5)
+    busy.close()
+    assert fake.calls == [("one", 16960)] and reused.reused
+    assert held.calls[:2] == [("one", 3200), ("one", 16960)] and not decoded.reused
+    assert decoded.text == reused.text == " ".join(f"w{i}" for i in range(10))
+
+
+def test_a_final_without_a_covering_request_decodes_up_to_the_end_of_speech() -> None:
+    stt, fake = make(partial_interval_ms=5000)
+    stream = stt.open_stream(16000)
+    for _ in range(60):  # 1.2 s of speech and no pause: the only request is none at all
+        stream.push(loud(0.02))
+    final = stream.finish(16000).result(timeout=5)
+    stt.close()
+    assert fake.calls[-1] == ("one", 16000) and final.text == " ".join(f"w{i}" for i in range(10))

@@ -1,12 +1,16 @@
 """Streaming transcription: one worker thread and one model serve every call's `TranscriptStream`.
 
 While the caller speaks, each stream asks for a partial every `partial_interval_ms` of audio. The worker
-re-decodes the growing utterance (without whisper's 30 s padding) and LocalAgreement commits the words two
-successive decodes agree on. At the end of the turn, `finish()` queues the final, which goes before every
-partial. Work done during speech is reused: when a decode made during speech already covers the audio up to
-the end of speech (`end_sample`, from the VAD), its text is the final at once (no model run, no wait behind
-the worker's current job); otherwise one decode of the whole utterance runs next (after an in-flight decode
-that may itself cover the end). Partial requests are coalesced per stream (a stream never has
+re-decodes the utterance up to where the request was made (without whisper's 30 s padding) and LocalAgreement
+commits the words two successive decodes agree on. At the end of the turn, `finish()` queues the final, which goes
+before every partial.
+
+A final's text is a function of the audio alone, never of how fast the worker ran: it decodes the utterance up to
+a position the audio sets (`final_end`): the latest partial request's position when that one covers the end of
+speech (`end_sample`, from the VAD), else the end of speech itself. Partials are asked for at positions the
+audio sets (every `partial_interval_ms` of speech, and once `PAUSE_MS` into each pause), so when the pause's
+partial has already been decoded the final reuses it at once (no model run, no wait behind the worker's current
+job); otherwise the same audio is decoded for it. Partial requests are coalesced per stream (a stream never has
 two waiting) and dropped when they have waited longer than `stale_partial_ms`.
 
 Callbacks run on the worker thread (or, for a final that is ready at once, on the thread that called
@@ -69,7 +73,7 @@ class _Turn:
     rolled: int = 0  # 16 kHz samples already handed to segments
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     last: DecodeResult | None = None
-    requested_at: int = 0  # samples at the last partial request
+    requested_at: int = 0  # samples at the last partial request: a partial decodes the audio up to here
     loud: float = 0.0  # running peak of the chunk RMS (slowly decaying): how loud this caller's speech is
     quiet: int = 0  # samples since the audio last went above PAUSE_RATIO * loud
     pause_requested: bool = True  # a partial was already asked for in the current pause
@@ -232,8 +236,9 @@ class TranscriptStream:
 class _FinalJob:
     stream: TranscriptStream | None
     turn: _Turn | None
-    end: int
+    end: int  # the turn's audio up to here is decoded (`final_end`)
     future: Future
+    speech_end: int = 0  # the end of speech the final was asked for (`end` when it decodes up to there)
     audio: np.ndarray | None = None  # for segments and one-shot transcriptions
     segment: int | None = None
     context: list[int] = field(default_factory=list)
@@ -349,10 +354,11 @@ class Transcriber:
             self._cond.notify()
 
     def _submit_final(self, stream: TranscriptStream, turn: _Turn, end: int, peek: bool = False) -> Future[Transcript]:
-        job = _FinalJob(stream, turn, end, Future(), context=stream.context, peek=peek)
-        # Fast path: a decode made during speech already covers the end, so the final is ready now, without
+        job = _FinalJob(stream, turn, final_end(turn, end), Future(), speech_end=end, context=stream.context,
+                        peek=peek)
+        # Fast path: the decode this final needs was made during speech, so the final is ready now, without
         # waiting behind the job the worker is running.
-        if turn.pending_segments == 0 and self._reusable(turn, end) is not None:
+        if turn.pending_segments == 0 and self._reusable(turn, job.end) is not None:
             with self._cond:
                 self._finish_turn(job)
             return job.future
@@ -361,11 +367,9 @@ class Transcriber:
 
     @staticmethod
     def _reusable(turn: _Turn, end: int) -> DecodeResult | None:
+        """The partial decode of exactly `turn`'s audio up to `end`, if it was made and found words."""
         last = turn.last
-        # An empty decode of a turn with speech in it is a miss (too little audio yet, or the model gave up):
-        # the final decodes afresh rather than answer the caller's words with nothing.
-        if last is not None and end > 0 and last.text.strip() and (
-                last.samples >= end or _silent_tail(turn.buffer[: turn.n], last.samples, end)):
+        if last is not None and end > 0 and last.samples == end and last.text.strip():
             return last
         return None
 
@@ -433,7 +437,7 @@ class Transcriber:
                 turn = stream._turn
                 if turn.finished or turn.peeked or turn.n == 0 or stream.closed:
                     continue
-                work.append((stream, turn, turn.audio(), turn.rolled))
+                work.append((stream, turn, turn.audio(turn.requested_at or None), turn.rolled))
         if not work:
             return
         start = time.perf_counter()
@@ -490,6 +494,10 @@ class Transcriber:
         else:
             start = time.perf_counter() if start is None else start
             decoded = self._decode([turn.audio(job.end)], [job.context])[0]
+            if not decoded.text.strip() and job.end != job.speech_end:
+                # An empty decode of a pause's partial (too little audio, or the model gave up) is a miss: the
+                # final takes the audio up to the end of speech rather than answer the caller's words with nothing.
+                decoded = self._decode([turn.audio(job.speech_end)], [job.context])[0]
             text = decoded.text
             ms = (time.perf_counter() - start) * 1000
             if not text and job.end >= EMPTY_FINAL_WARN_S * SAMPLE_RATE:
@@ -516,6 +524,16 @@ class Transcriber:
 
 
 EMPTY_FINAL_WARN_S = 0.5  # a final of at least this much audio with no words is logged (and counted)
+
+
+def final_end(turn: _Turn, end: int) -> int:
+    """Where the final of a turn whose speech ended at `end` stops decoding: at the latest partial request when that
+    covers the end (at or past it, or short of it by a silent tail), so the final can reuse that decode; else at
+    `end`. Both positions are set by the audio, so the final's text does not depend on when the worker ran."""
+    requested = turn.requested_at
+    if requested and (requested >= end or _silent_tail(turn.buffer[: turn.n], requested, end)):
+        return requested
+    return end
 REUSE_TAIL_S = 0.25  # a decode may miss at most this much audio before the end of speech...
 TAIL_SPEECH_RATIO = 0.1  # ...and only if no 20 ms frame of it is louder than this share of the speech
 
