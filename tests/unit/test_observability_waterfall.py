@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.observability_helpers import decision
@@ -59,8 +61,6 @@ def test_one_bar_group_per_turn_on_one_scale() -> None:
 
 
 def test_thirty_turns_with_flat_ttft_draw_thirty_aligned_bars_of_one_width() -> None:
-    import re
-
     turns = [{"turn": n, "timeline": {k: v + n * 20 for k, v in TIMELINE.items()}, "timings_ms": {},
               "voice_to_voice_ms": 780.0} for n in range(1, 31)]
     svg = waterfall_svg(turns)
@@ -75,3 +75,24 @@ def test_a_decision_in_a_line_names_only_what_it_has() -> None:
     assert decision_summary(silence) == "silence: no speech for long enough · waited 612 ms"
     assert decision_summary({"policy": "acoustic", "acoustic_prob": float("nan")}) == "acoustic"
     assert decision_summary({}) == ""
+
+
+def test_a_held_early_reply_waits_as_end_of_turn_wait_and_its_work_is_drawn_inside_that_wait() -> None:
+    """An early reply ready 770 ms after the speech end, held by the policy until the end of turn at 1324 ms: the
+    wait is the end-of-turn bar, whole; the send bar is the wire's 16 ms, not the hold."""
+    held = {**{k: v for k, v in TIMELINE.items() if k != "end_of_turn"}, "end_of_turn": 5.524, "first_audio_sent": 5.54}
+    segments = {s.stage: s for s in turn_stages({"timeline": held, "timings_ms": {}})}
+    wait, send = segments["end_of_turn"], segments["send"]
+    assert (wait.start_ms, round(wait.end_ms), wait.early) == (0, 1324, False)
+    assert (round(send.start_ms), round(send.ms), send.early) == (1324, 16, False)
+    assert send.ms == pytest.approx(derive_timings(held)["send_delay"])  # the figure the turn reports
+    assert [k for k, s in segments.items() if s.early] == ["stt", "queue", "prefill", "first_clause", "tts"]
+    assert segments["tts"].end_ms < wait.end_ms  # its first audio was ready long before the policy let it go
+
+    svg = waterfall_svg([{"turn": 1, "timeline": held, "timings_ms": {}}])
+    bars = {stage: (float(top), float(height), title) for stage, top, height, title in re.findall(
+        r'data-stage="(\w+)" data-ms="[\d.]+" x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)">'
+        r'<title>(.*?)</title>', svg)}
+    assert bars["end_of_turn"][:2] == bars["send"][:2] == (24.0, 16.0)  # full height: nothing hides the wait's top
+    assert bars["prefill"][:2] == (32.0, 8.0) and bars["prefill"][2].endswith("early reply, before the end of turn")
+    assert "end-of-turn wait 1324 ms" in bars["end_of_turn"][2] and "send 16 ms" in bars["send"][2]

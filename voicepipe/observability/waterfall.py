@@ -3,7 +3,10 @@
 `turn_stages()` is pure: it places each stage of one stored turn on a time axis that starts when the caller
 stopped speaking (ms). It reads the turn's timeline (seconds since the call started; keys in
 `observability/hooks.py`) and falls back to the derived figures (`timings_ms`) for turns stored without
-one. An early reply's stages (calls.preemptive_generation) overlap the end-of-turn wait.
+one. An early reply (calls.preemptive_generation) works while the end-of-turn policy still waits: its stages that
+start before the end of turn are drawn `early`, as thin bars inside the end-of-turn wait, which is drawn whole. Its
+audio is held until the end of turn, so its send stage starts there: the time its first audio waited before that is
+the policy's, not the wire's.
 `waterfall_svg()` draws one `<g class="turn" data-turn="N">` row per turn on a scale shared by every row,
 so a flat (or growing) TTFT across 30 turns shows at a glance; the end-of-turn wait's tooltip says what the
 turn's end-of-turn decision saw (`decision_summary()`).
@@ -29,6 +32,7 @@ STAGES: list[tuple[str, str, str, str]] = [
     ("send", "send", "first_audio_synth", "first_audio_sent"),
 ]
 LABELS = {key: label for key, label, _, _ in STAGES}
+EARLY = "early reply, before the end of turn"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Segment:
     stage: str
     start_ms: float  # since the caller stopped speaking
     end_ms: float
+    early: bool = False  # an early reply's work, started before the end of turn
 
     @property
     def ms(self) -> float:
@@ -57,13 +62,17 @@ def turn_stages(turn: dict[str, Any]) -> list[Segment]:
 
 def _from_timeline(timeline: dict[str, float], origin: float) -> list[Segment]:
     segments, previous_end = [], origin
+    end_of_turn = timeline.get("end_of_turn", origin)
     for key, _, start_event, end_event in STAGES:
         if end_event not in timeline or key == "end_of_turn" and start_event not in timeline:  # a keypad turn's
             continue
         start = timeline.get(start_event, previous_end)
+        if key == "send":
+            start = max(start, end_of_turn)  # an early reply's audio is held until the end of turn
         end = timeline[end_event]
         if end >= start:
-            segments.append(Segment(key, (start - origin) * 1000, (end - origin) * 1000))
+            early = key != "end_of_turn" and start < end_of_turn
+            segments.append(Segment(key, (start - origin) * 1000, (end - origin) * 1000, early))
             previous_end = end
     return segments
 
@@ -108,6 +117,8 @@ def decision_summary(decision: dict[str, Any]) -> str:
 def _stage_title(turn: dict[str, Any], s: Segment) -> str:
     """A bar's tooltip; the end-of-turn wait's also says what decided it and how often the caller reopened it."""
     title = f"turn {int(turn['turn'])}: {LABELS[s.stage]} {s.ms:.0f} ms"
+    if s.early:
+        return f"{title}, {EARLY}"
     if s.stage != "end_of_turn":
         return title
     reopens = len(turn.get("reopened") or [])
@@ -154,9 +165,11 @@ def waterfall_svg(turns: list[dict[str, Any]], width: int = 960) -> str:
         out.append(f'<g class="{classes}" data-turn="{int(turn["turn"])}">'
                    f'<text class="turn-label" x="4" y="{y + bar_h - 3}">{escape(label)}</text>')
         for s in segments:
-            out.append(f'<rect class="stage stage-{s.stage}" data-stage="{s.stage}" data-ms="{s.ms:.1f}" '
-                       f'x="{x(s.start_ms):.1f}" y="{y}" width="{max(s.ms / span * plot_w, 0.5):.1f}" '
-                       f'height="{bar_h}"><title>{escape(_stage_title(turn, s))}</title></rect>')
+            # early work: the lower half of the row, over the end-of-turn wait it ran in
+            top_y, h, early = (y + bar_h / 2, bar_h / 2, " early") if s.early else (y, bar_h, "")
+            out.append(f'<rect class="stage stage-{s.stage}{early}" data-stage="{s.stage}" data-ms="{s.ms:.1f}" '
+                       f'x="{x(s.start_ms):.1f}" y="{top_y:g}" width="{max(s.ms / span * plot_w, 0.5):.1f}" '
+                       f'height="{h:g}"><title>{escape(_stage_title(turn, s))}</title></rect>')
         if not segments:
             out.append(f'<text class="no-timings" x="{label_w + 4}" y="{y + bar_h - 3}">no timings</text>')
         out.append("</g>")
@@ -166,4 +179,5 @@ def waterfall_svg(turns: list[dict[str, Any]], width: int = 960) -> str:
 
 def legend_html() -> str:
     items = "".join(f'<li><span class="swatch stage-{key}"></span>{escape(label)}</li>' for key, label, _, _ in STAGES)
-    return f'<ul class="legend">{items}</ul>'
+    early = f'<li><span class="swatch early"></span>thin: {escape(EARLY)}</li>'
+    return f'<ul class="legend">{items}{early}</ul>'
