@@ -361,9 +361,20 @@ class ObservabilitySettings(Section):
     replica: str | None = None  # this process's name in the store's calls (None: the host name, a pod's name)
     retention_days: float = Field(30.0, gt=0.0)  # calls older than this are deleted
     flush_interval_s: float = Field(0.5, gt=0.0, le=1.0)  # store writes are batched; a crash loses at most this
+    # With store_url (a fleet): each replica writes its heartbeat every heartbeat_s; the live calls of a replica
+    # whose heartbeat is older than lost_after_s show as lost, and the first replica to see them closes them
+    heartbeat_s: float = Field(1.0, gt=0.0)
+    lost_after_s: float = Field(5.0, gt=0.0)
     metrics: bool = True  # Prometheus /metrics
     record_calls: bool = False  # stereo WAV + events JSONL under paths.recordings_dir; a call's "record"
     # parameter switches it per call
+
+    @model_validator(mode="after")
+    def _lost_after_two_heartbeats(self) -> ObservabilitySettings:
+        if self.lost_after_s < 2 * self.heartbeat_s:  # one late heartbeat must not lose a live replica's calls
+            raise ValueError(f"lost_after_s ({self.lost_after_s}) must be at least twice heartbeat_s "
+                             f"({self.heartbeat_s})")
+        return self
 
 
 class Settings(BaseSettings):

@@ -11,6 +11,7 @@ import pytest
 
 from tests.observability_helpers import REOPENED, decide, decision, report_call
 from tests.postgres_helpers import postgres_server
+from tests.unit.test_observability_lost_calls import dead_replicas_call_is_closed_once
 from tests.unit.test_observability_store import make_call
 from voicepipe.observability.store import CallStore
 from voicepipe.observability.store_schema import MIGRATIONS
@@ -114,3 +115,11 @@ def test_retention_deletes_old_calls_and_their_turns(url: str) -> None:
     store.close()
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM turns").fetchone() == (1,)
+
+
+def test_the_first_live_replica_closes_a_dead_replicas_call_once(url: str) -> None:
+    def committed_outcome(call_id: str) -> str | None:
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT outcome FROM calls WHERE id = %s", (call_id,)).fetchone()[0]
+
+    dead_replicas_call_is_closed_once(url, committed_outcome)

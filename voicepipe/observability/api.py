@@ -1,6 +1,7 @@
 """The call store on the app: opened in the lifespan, and served as JSON under `/api/calls`.
 
-`GET /api/calls` (query: since, until as unix seconds, transport, limit), `GET /api/calls/{id}` and
+`GET /api/calls` (query: since, until as unix seconds, transport, outcome: one of the store's `OUTCOMES` or
+"live", limit), `GET /api/calls/{id}` and
 `GET /api/calls/{id}/recording.wav`; the same token as `/calls` (`calls.auth_token`) guards them.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Literal
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse
@@ -17,7 +19,9 @@ from voicepipe.auth import CallIdPath, check_http_token, check_path_call_id
 from voicepipe.config import Settings
 from voicepipe.http_errors import error_responses
 from voicepipe.observability.recorder import recording_dir
-from voicepipe.observability.store import CallStore
+from voicepipe.observability.store import LIVE, OUTCOMES, CallStore
+
+Outcome = Literal[(*OUTCOMES, LIVE)]  # the outcome filter: how a call ended ("lost": its process died), or "live"
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +84,11 @@ def create_calls_api_router() -> APIRouter:
 
     @router.get("/calls")
     async def list_calls(request: Request, since: float | None = None, until: float | None = None,
-                         transport: str | None = None, limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> dict:
+                         transport: str | None = None, outcome: Outcome | None = None,
+                         limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> dict:
         store = call_store(request)
         calls = await asyncio.to_thread(store.list_calls, since=since, until=until, transport=transport,
-                                        limit=limit)
+                                        outcome=outcome, limit=limit)
         return {"calls": calls}
 
     @router.get("/calls/{call_id}")

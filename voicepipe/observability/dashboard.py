@@ -24,7 +24,8 @@ from fastapi.staticfiles import StaticFiles
 
 from voicepipe.auth import CallIdPath
 from voicepipe.http_errors import error_responses
-from voicepipe.observability.api import MAX_LIMIT, call_store, recording_path
+from voicepipe.observability.api import MAX_LIMIT, Outcome, call_store, recording_path
+from voicepipe.observability.store import LIVE, OUTCOMES
 from voicepipe.observability.waterfall import decision_summary, legend_html, waterfall_svg
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "dashboard"
@@ -189,13 +190,14 @@ def _router() -> APIRouter:
     @router.get("/dashboard", response_class=HTMLResponse)
     async def calls_page(request: Request, range: Literal["1h", "24h", "7d", "30d", "all"] = "24h",  # noqa: A002
                          start: str = Query("", alias="from"), end: str = Query("", alias="to"),
-                         transport: str = "", limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> HTMLResponse:
+                         transport: str = "", outcome: Outcome | Literal[""] = "",
+                         limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> HTMLResponse:
         store = call_store(request)
         window = RANGES[range]
         since = _parse_utc("from", start) if start else time.time() - window if window is not None else None
         until = _parse_utc("to", end) if end else None
         calls = await asyncio.to_thread(store.list_calls, since=since, until=until, transport=transport or None,
-                                        limit=limit)
+                                        outcome=outcome or None, limit=limit)
         known = await asyncio.to_thread(store.transports)
         token = request.query_params.get("token")
         when = RANGE_LABELS[range] if not start else f"from {_utc(since)}"
@@ -206,9 +208,10 @@ def _router() -> APIRouter:
             start=escape(start), end=escape(end),
             transport_options=_options([("", "all"), *((t, t) for t in sorted({*known, transport} - {""}))],
                                        transport),
+            outcome_options=_options([("", "all"), *((o, o) for o in (LIVE, *OUTCOMES))], outcome),
             limit=limit,
             summary=escape(f"{len(calls)} call{'s' if len(calls) != 1 else ''} started {when}"
-                           + (f" over {transport}" if transport else "")),
+                           + (f" over {transport}" if transport else "") + (f", {outcome}" if outcome else "")),
             rows="\n".join(_call_row(c, request) for c in calls)
             or '<tr><td colspan="9">no calls match</td></tr>')
         return HTMLResponse(page)

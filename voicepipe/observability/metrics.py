@@ -1,7 +1,7 @@
 """Prometheus metrics of one app: latency histograms, call and error counters, and the engine's live state.
 
 Every app owns its `Metrics` with its own `CollectorRegistry` (never the global one), so several apps in one
-process do not collide. Three sources feed it:
+process do not collide. Four sources feed it:
 
 - the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio, send
   delay, DTMF response, the end-of-turn wait, reopened turns, tool call latency, turn errors; `event` "barge_in"
@@ -9,7 +9,8 @@ process do not collide. Three sources feed it:
   `call_started`/`call_ended`: active calls, calls by outcome, call errors);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
   and API requests' alike, so each request is counted once);
-- the app's event loop, through `loop_lag.watch_loop_lag` (`loop_lag`: how late the loop runs, no labels).
+- the app's event loop, through `loop_lag.watch_loop_lag` (`loop_lag`: how late the loop runs, no labels);
+- the call store, read at scrape time (its failed writes; the calls it closed as lost, by transport and ``found``).
 
 Labels: ``tier`` and ``transport`` (a call's turns: tier "priority" and the call's transport; a sessionless
 request, i.e. the OpenAI API: its tier and "http"). TTFT also has ``turn``, the request's turn-number bucket
@@ -32,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from voicepipe.observability.loop_lag import INTERVAL_S
-from voicepipe.observability.metrics_live import LiveCollector
+from voicepipe.observability.metrics_live import LiveCollector, LostCallsCollector
 
 if TYPE_CHECKING:
     from voicepipe.llm.request import Request
@@ -90,7 +91,8 @@ class Metrics:
     """The metrics of one app. Register it as a call observer and as the engine's request listener; serve
     `render()` at /metrics. ``engine`` returns the LLM engine or None (not loaded yet); ``call_session`` returns the
     LLM session of a live call by its id (None if unknown), so the call's requests get its transport; ``call_store``
-    the call store or None (its failed writes are the `store` errors)."""
+    the call store or None (its failed writes are the `store` errors; the calls it closed as lost,
+    `voicepipe_calls_lost_total`)."""
 
     def __init__(self, engine: Callable[[], Any] = lambda: None,
                  call_session: Callable[[str], Session | None] = lambda call_id: None,
@@ -134,6 +136,7 @@ class Metrics:
                                   "every call's audio and turn-taking waited as long.",
                                   buckets=LOOP_LAG_BUCKETS, registry=self.registry)
         self.registry.register(LiveCollector(self.snapshot, engine))
+        self.registry.register(LostCallsCollector(self._lost_calls))
 
     # -- serving --------------------------------------------------------------------------------------------------
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
@@ -148,6 +151,10 @@ class Metrics:
         with self._lock:
             errors = {**self.errors, "store": store.write_failures} if store is not None else dict(self.errors)
             return list(self.active_calls.values()), errors
+
+    def _lost_calls(self) -> dict[tuple[str, str], int]:
+        store = self._call_store()
+        return store.lost_calls if store is not None else {}
 
     def count_error(self, kind: str) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
-"""The metric families read at scrape time: active calls, errors by kind, and the LLM engine's state and counters.
+"""The metric families read at scrape time: active calls, errors by kind, the LLM engine's state and counters, and
+the calls the call store closed as lost.
 
 Reading them when Prometheus scrapes (rather than updating gauges as things change) means they are never stale and
 cost nothing between scrapes. Every family is yielded on every scrape, without samples while the engine is not
@@ -114,3 +115,19 @@ class AdmissionCollector(Collector):
         draining = GaugeMetricFamily("voicepipe_draining", "1 once SIGTERM started the drain: no new calls.")
         draining.add_metric([], 1.0 if state["draining"] else 0.0)
         yield draining
+
+
+class LostCallsCollector(Collector):
+    """The calls this process closed as lost (`CallStore.lost_calls`, read from ``counts()``)."""
+
+    def __init__(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("voicepipe_calls_lost", "Calls this process closed as lost in the call store "
+                                     "(the process serving them died), by transport and how it found them (at_start: "
+                                     "its own, left live by its previous run; stale_heartbeat: another replica's, "
+                                     "whose heartbeat stopped).", labels=["transport", "found"])
+        for (transport, found), count in sorted(self._counts().items()):
+            family.add_metric([transport, found], count)
+        yield family

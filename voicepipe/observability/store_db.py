@@ -114,6 +114,18 @@ def begin_write(conn: Any) -> None:
 
 
 @contextmanager
+def write_transaction(conn: Any) -> Iterator[None]:
+    """A write transaction (`begin_write`) around the block: committed at its end, rolled back if it raises."""
+    begin_write(conn)
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+@contextmanager
 def migration_lock(conn: Any) -> Iterator[None]:
     """While held, no other replica migrates the schema. PostgreSQL: a session advisory lock, taken outside the
     migrations' transactions so that each of them sees what the replica before it committed. SQLite needs none:

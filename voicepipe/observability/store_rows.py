@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from voicepipe.observability.records import CallRecord, TurnRecord
 
 CALL_COLUMNS = ("id", "transport", "started", "ended", "outcome", "end_reason", "metadata", "system_prompt",
-                "greeting", "greeting_heard", "barge_ins", "error", "replica")
+                "greeting", "greeting_heard", "barge_ins", "error", "replica", "last_record")
 # TurnRecord.decision's keys; each has a column of its own, "decision_<key>", so decisions can be queried
 DECISION_KEYS = ("policy", "action", "reason", "silence_ms", "wait_ms", "text_prob", "acoustic_prob")
 _DECISION_TEXT_KEYS = ("policy", "action", "reason")
@@ -53,7 +53,7 @@ def call_row(call: CallRecord, replica: str | None = None) -> dict[str, Any]:
             "outcome": call.outcome, "end_reason": call.end_reason, "metadata": _json(call.metadata),
             "system_prompt": call.system_prompt or "", "greeting": call.greeting,
             "greeting_heard": call.greeting_heard, "barge_ins": int(call.barge_ins), "error": call.error,
-            "replica": replica}
+            "replica": replica, "last_record": call.ended or call.started}
 
 
 def turn_row(call_id: str, turn: TurnRecord) -> dict[str, Any]:
@@ -87,6 +87,7 @@ def upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> st
 UPSERT_CALL = upsert_sql("calls", CALL_COLUMNS, ("id",))
 UPSERT_TURN = upsert_sql("turns", TURN_COLUMNS, ("call_id", "turn"))
 UPSERT_TOOL_CALL = upsert_sql("tool_calls", TOOL_CALL_COLUMNS, ("call_id", "turn", "idx"))
+TOUCH_CALL = "UPDATE calls SET last_record = :t WHERE id = :id"  # a turn was written (where a lost call ends)
 
 
 def row_dict(row: Any) -> dict[str, Any]:

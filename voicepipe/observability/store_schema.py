@@ -85,6 +85,12 @@ MIGRATIONS: list[Migration] = [
         )""",
         "CREATE INDEX tool_calls_by_name ON tool_calls (name)",
     ],
+    # 5: lost calls (outcome "lost": their process died): each call's latest record, each replica's heartbeat
+    [
+        "ALTER TABLE calls ADD COLUMN last_record REAL",  # unix seconds; a lost call ends here
+        "CREATE INDEX calls_live ON calls (replica) WHERE ended IS NULL",
+        "CREATE TABLE replicas (name TEXT PRIMARY KEY, heartbeat REAL NOT NULL)",  # unix seconds
+    ],
 ]
 
 
@@ -106,14 +112,9 @@ def migrate(conn: Any, migrations: Sequence[Migration] = MIGRATIONS) -> int:
             raise SchemaError(f"the call store's schema is version {before}, newer than this voicepipe knows "
                               f"({len(migrations)}): upgrade voicepipe or point the store elsewhere")
         for version in range(before + 1, len(migrations) + 1):
-            store_db.begin_write(conn)
-            try:
+            with store_db.write_transaction(conn):
                 if schema_version(conn) < version:  # another process may have applied it while this one waited
                     for statement in migrations[version - 1]:
                         conn.execute(store_db.ddl(conn, statement))
                     store_db.set_schema_version(conn, version)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
     return before

@@ -4,10 +4,10 @@ The first statement of a batch opens a transaction; the batch commits `flush_int
 `flush()` / `close()`), so a crash loses at most that much. A failing statement is skipped and a failing commit
 rolls its batch back; neither stops the thread, so calls go on while the disk is full or read-only. The first
 failure of a run is logged as an error, the return to normal with the count lost meanwhile; `failures` counts
-them all (the `store` kind of `voicepipe_errors_total`). `maintenance` (the retention sweep) runs in the same
-thread every `maintenance_every_s`, so the database only ever has one writer. A PostgreSQL connection that breaks
-(the server restarted) is opened again with `reconnect` before the next batch; the batch it was in is lost, and
-logged.
+them all (the `store` kind of `voicepipe_errors_total`). The `chores` (the retention sweep, a fleet's heartbeat)
+run in the same thread, each every so often, so the database only ever has one writer here. A PostgreSQL
+connection that breaks (the server restarted) is opened again with `reconnect` before the next batch or chore; the
+batch it was in is lost, and logged.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from voicepipe.observability import store_db
@@ -27,20 +28,29 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
+@dataclass(frozen=True)
+class Chore:
+    """Work the writer thread does every `every_s` on its connection, after committing the open batch; `run`
+    opens and commits its own transaction."""
+
+    name: str
+    every_s: float
+    run: Callable[[Any], None]
+
+
 class _Flush:
     def __init__(self) -> None:
         self.done = threading.Event()
 
 
 class StoreWriter:
-    def __init__(self, conn: Any, flush_interval_s: float, maintenance: Callable[[Any], None] | None = None,
-                 maintenance_every_s: float = 3600.0, reconnect: Callable[[], Any] | None = None) -> None:
+    def __init__(self, conn: Any, flush_interval_s: float, chores: Sequence[Chore] = (),
+                 reconnect: Callable[[], Any] | None = None) -> None:
         self._conn = conn  # autocommit mode (store_db.open_connection); owned by the writer thread from here on
         self._errors = store_db.errors(conn)
         self._reconnect = reconnect
         self._interval = flush_interval_s
-        self._maintenance = maintenance
-        self._maintenance_every = maintenance_every_s
+        self._chores = tuple(chores)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self.commits = 0  # batches committed (for tests and logs)
@@ -79,13 +89,13 @@ class StoreWriter:
     # -- the thread ------------------------------------------------------------------------------------------
     def _run(self) -> None:
         deadline: float | None = None  # when the open batch must commit
-        next_maintenance = time.monotonic() + self._maintenance_every
+        due = [time.monotonic() + chore.every_s for chore in self._chores]  # when each chore runs next
         try:
             while True:
-                now = time.monotonic()
-                wait = min(deadline or next_maintenance, next_maintenance) - now
+                wakes = [*due, deadline] if deadline is not None else due
+                timeout = max(min(wakes) - time.monotonic(), 0.0) if wakes else None
                 try:
-                    item = self._queue.get(timeout=max(wait, 0.0))
+                    item = self._queue.get(timeout=timeout)
                 except queue.Empty:
                     item = None
                 if item is _STOP:
@@ -94,8 +104,7 @@ class StoreWriter:
                     self._commit()
                     deadline = None
                     item.done.set()
-                    continue
-                if item is not None:
+                elif item is not None:
                     self._execute(*item)
                     if deadline is None:
                         deadline = time.monotonic() + self._interval
@@ -103,11 +112,12 @@ class StoreWriter:
                 if deadline is not None and now >= deadline:
                     self._commit()
                     deadline = None
-                if now >= next_maintenance:
-                    self._commit()
-                    deadline = None
-                    self._run_maintenance()
-                    next_maintenance = now + self._maintenance_every
+                for i, chore in enumerate(self._chores):
+                    if now >= due[i]:
+                        self._commit()
+                        deadline = None
+                        self._run_chore(chore)
+                        due[i] = now + chore.every_s
         except Exception:
             log.exception("call store writer failed")
         finally:
@@ -150,7 +160,11 @@ class StoreWriter:
             with contextlib.suppress(*self._errors):
                 self._conn.execute("ROLLBACK")
             return
-        if wrote and self._failing_since is not None:
+        if wrote:
+            self._recovered()
+
+    def _recovered(self) -> None:
+        if self._failing_since is not None:
             log.warning("call store: writes succeed again; %d writes or commits failed meanwhile",
                         self.failures - self._failing_since)
             self._failing_since = None
@@ -163,10 +177,14 @@ class StoreWriter:
                       "again (disk full or read-only?)", what, exc)
         self.failures += 1
 
-    def _run_maintenance(self) -> None:
-        if self._maintenance is None:
-            return
+    def _run_chore(self, chore: Chore) -> None:
+        self._check_connection()
         try:
-            self._maintenance(self._conn)
+            chore.run(self._conn)
         except self._errors as exc:
-            log.error("call store maintenance failed: %s", exc)
+            self._failed(f"its {chore.name}", exc)
+            if self._conn.in_transaction:
+                with contextlib.suppress(*self._errors):
+                    self._conn.execute("ROLLBACK")
+            return
+        self._recovered()
