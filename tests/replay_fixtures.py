@@ -8,6 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from voicepipe.replay.case import load_case
+from voicepipe.replay.checks import check_call
+from voicepipe.replay.observed import ObservedCall, ObservedTurn
+from voicepipe.replay.results import CaseResult
+
 RATE = 16000
 
 
@@ -89,3 +94,21 @@ def write_case(directory: Path, toml: str = VALID_CASE, audio: np.ndarray | None
     (directory / "case.toml").write_text(toml)
     write_wav(directory / "caller.wav", [tone(0.5, rate) if audio is None else audio], rate)
     return directory
+
+
+def observed(**changes) -> ObservedCall:
+    """A two-turn call: the first reply played out, the second cut by the caller; `changes` set its fields."""
+    turns = [ObservedTurn(1, "I want to book a table", "Sure, for when?", None, False,
+                          {"voice_to_voice": 900.0, "response": 400.0}),
+             ObservedTurn(2, "tomorrow at 7", "Booked for tomorrow at", "Booked", True,
+                          {"voice_to_voice": 1500.0, "response": 800.0}, stop_ms=600.0)]
+    call = ObservedCall("CA1", turns, send_lag_p95_ms=95.0, send_lag_ms=[float(ms) for ms in range(101)])
+    for key, value in changes.items():
+        setattr(call, key, value)
+    return call
+
+
+def result(tmp_path: Path, name: str, call: ObservedCall) -> CaseResult:
+    """The case `write_case` writes under `name`, checked against `call`."""
+    case = load_case(write_case(tmp_path / name))
+    return CaseResult(case.name, str(case.directory), case.transport, call, check_call(case, call))

@@ -149,6 +149,10 @@ def replay_run(
         "--update-golden", help="Rewrite the expected agent text of deterministic cases; print the diff.")] = False,
     report_dir: Annotated[Path, typer.Option(help="Where report.json, junit.xml and summary.md go.")] =
         Path("replay-report"),
+    repeat: Annotated[int, typer.Option(min=1, help="Replay every case this many times: a case whose turns, "
+                                                    "transcripts, barge-ins, reopens or replies differ fails.")] = 1,
+    cpu_load: Annotated[int, typer.Option(min=0, help="Processes spinning on the CPU beside the server while the "
+                                                      "calls run (a busy machine).")] = 0,
 ) -> None:
     """Replay each case over its transport at real-time pace; exit 1 when any expectation fails."""
     from voicepipe.replay.case import find_cases
@@ -156,12 +160,15 @@ def replay_run(
     from voicepipe.replay.results import load_baseline
     from voicepipe.replay.runner import ReplayOptions, run_replay
 
+    if update_golden and repeat > 1:
+        raise VoicepipeError("--update-golden rewrites the golden text from one run.", "leave out --repeat.")
     settings = settings_with()
     if token is None and url is None and settings.calls.auth_token is not None:
         token = settings.calls.auth_token.get_secret_value()
     options = ReplayOptions(url=url, concurrency=concurrency, seed=seed, token=token,
                             baseline=load_baseline(baseline) if baseline is not None else None,
-                            tolerance=tolerance, tolerance_ms=tolerance_ms, update_golden=update_golden)
+                            tolerance=tolerance, tolerance_ms=tolerance_ms, update_golden=update_golden,
+                            repeat=repeat, cpu_load=cpu_load)
     say = lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     report, results = run_replay(find_cases(cases), settings, options, say)
     paths = write_reports(report, results, report_dir)
@@ -330,13 +337,15 @@ def bench_turns(
         False,
     evidence: Annotated[Path | None, typer.Option(
         help="Recorded evidence: replayed if the file exists (seconds, no models), else recorded into it.")] = None,
+    cpu_load: Annotated[int, typer.Option(min=0, help="Processes spinning on the CPU beside the calls while the "
+                                                      "evidence is recorded (a busy machine).")] = 0,
 ) -> None:
     """Every end-of-turn policy over one labelled set: wait after complete sentences, false cut-offs at pauses."""
     from voicepipe.bench.turns import run_turns_bench
 
     settings = settings_with()
     report = run_turns_bench(settings, settings.paths.data_dir / "turn-corpus", sweep=sweep, evidence_file=evidence,
-                             progress=lambda line: err_console.print(line, highlight=False))
+                             progress=lambda line: err_console.print(line, highlight=False), cpu_load=cpu_load)
     if json_file is not None:
         json_file.write_text(json.dumps(report, indent=2))
     table = Table("policy", "wait p50", "wait p95", "false cut-offs", "complete cut", title="end of turn (ms)")

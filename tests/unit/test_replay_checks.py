@@ -8,24 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.replay_fixtures import write_case
+from tests.replay_fixtures import observed, result, write_case
 from voicepipe.replay.case import load_case
 from voicepipe.replay.checks import check_call
 from voicepipe.replay.golden import update_golden
-from voicepipe.replay.observed import ObservedCall, ObservedTurn, speech_onsets, stop_latencies_ms
+from voicepipe.replay.observed import ObservedTurn, speech_onsets, stop_latencies_ms
 from voicepipe.replay.reports import markdown_summary, rows, write_reports
-from voicepipe.replay.results import CaseResult, baseline_checks, load_baseline, report_dict
-
-
-def observed(**changes) -> ObservedCall:
-    turns = [ObservedTurn(1, "I want to book a table", "Sure, for when?", None, False,
-                          {"voice_to_voice": 900.0, "response": 400.0}),
-             ObservedTurn(2, "tomorrow at 7", "Booked for tomorrow at", "Booked", True,
-                          {"voice_to_voice": 1500.0, "response": 800.0}, stop_ms=600.0)]
-    call = ObservedCall("CA1", turns, send_lag_p95_ms=95.0, send_lag_ms=[float(ms) for ms in range(101)])
-    for key, value in changes.items():
-        setattr(call, key, value)
-    return call
+from voicepipe.replay.results import baseline_checks, load_baseline, report_dict
 
 
 def failed(checks) -> list[tuple[int | None, str]]:
@@ -87,11 +76,6 @@ def test_a_baseline_flags_slowdowns_beyond_the_tolerance() -> None:
     assert [(c.name, c.passed) for c in checks] == [("baseline_voice_to_voice_p95_ms", False),
                                                     ("baseline_response_p95_ms", True)]  # +80 ms < the floor
     assert baseline_checks(now, None, 0.25, 100) == []
-
-
-def result(tmp_path: Path, name: str, call: ObservedCall) -> CaseResult:
-    case = load_case(write_case(tmp_path / name))
-    return CaseResult(case.name, str(case.directory), case.transport, call, check_call(case, call))
 
 
 def test_reports_put_failures_first_and_round_trip_as_a_baseline(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from voicepipe.bench.turn_evidence import RATE, Evidence, collect_evidence, load_evidence, save_evidence
 from voicepipe.config import Settings, TurnSettings
+from voicepipe.cpu_load import cpu_load as spinning
 from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy, marked_end
 from voicepipe.vad.silero import WINDOW
 
@@ -136,16 +137,16 @@ def _best(name: str, points: list[dict], evidence: list[Evidence], settings: Tur
 
 
 def run_turns_bench(settings: Settings, cache_dir, progress: Callable[[str], None] = print,
-                    sweep: bool = False, evidence_file: Path | None = None) -> dict[str, object]:
+                    sweep: bool = False, evidence_file: Path | None = None, cpu_load: int = 0) -> dict[str, object]:
     """The whole bench. With `evidence_file`: an existing file is the recorded evidence to replay (no models,
-    no costs measured); else the recording is written there."""
+    no costs measured); else the recording is written there, with `cpu_load` processes spinning beside the calls."""
     started = time.perf_counter()
     if evidence_file is not None and evidence_file.is_file():
         progress(f"replaying the evidence recorded in {evidence_file}")
         evidence = load_evidence(evidence_file)
         report: dict[str, object] = {**flat_report(evidence, settings), "evidence": str(evidence_file)}
     else:
-        evidence, costs = _record(settings, cache_dir, progress)
+        evidence, costs = _record(settings, cache_dir, progress, cpu_load)
         if evidence_file is not None:
             save_evidence(evidence, evidence_file)
         report = {**flat_report(evidence, settings), **costs}
@@ -158,8 +159,9 @@ def run_turns_bench(settings: Settings, cache_dir, progress: Callable[[str], Non
     return report
 
 
-def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]):
-    """Play the labelled set as calls and record the evidence; measure what one decision's evidence costs."""
+def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None], cpu_load: int):
+    """Play the labelled set as calls (beside `cpu_load` spinning processes) and record the evidence; measure what
+    one decision's evidence costs."""
     from voicepipe.bench.turn_corpus import build_turn_corpus
     from voicepipe.pipeline.resources import call_resources
     from voicepipe.runtime import Runtime
@@ -174,7 +176,8 @@ def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]
         progress("building the labelled set (cached after the first run)")
         items = build_turn_corpus(runtime.synthesizer, cache_dir, _every_tenth(progress, "synthesized"))
         progress(f"playing {len(items)} utterances as calls, in real time, recording the evidence at every pause")
-        evidence = collect_evidence(items, call_resources(runtime), settings, _every_tenth(progress, "calls"))
+        with spinning(cpu_load):
+            evidence = collect_evidence(items, call_resources(runtime), settings, _every_tenth(progress, "calls"))
         progress("the end probe's and Smart Turn's cost")
         probe_ms = _probe_cost(runtime.engine)
         acoustic_ms = _acoustic_cost(runtime.turn, items)
@@ -182,6 +185,7 @@ def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]
         runtime.close()
     pauses = [p for ev in evidence for p in ev.pauses]
     return evidence, {
+        "cpu_load": cpu_load,
         "decision_p95_ms": _pct(probe_ms, 95),
         "decision_p50_ms": _pct(probe_ms, 50),
         "acoustic_decision_p95_ms": _pct(acoustic_ms, 95),

@@ -76,4 +76,21 @@ def markdown_summary(report: dict[str, Any], results: list[CaseResult]) -> str:
     for passed, case, turn, names, expected, actual, reply in rows(results):
         lines.append(f"| {'pass' if passed else '**FAIL**'} | {case} | {turn} | {names} | {expected} | {actual} "
                      f"| {reply} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + repeat_lines(results)) + "\n"
+
+
+def repeat_lines(results: list[CaseResult]) -> list[str]:
+    """With --repeat: per case, whether every run was the same, and the spread of voice-to-voice."""
+    repeated = [r for r in results if r.repeat is not None]
+    if not repeated:
+        return []
+    lines = ["", f"## {repeated[0].repeat['runs']} runs of each case", "",
+             "| case | the same in every run | runs that passed | voice-to-voice min / median / max (ms) |",
+             "|---|---|---|---|"]
+    for r in repeated:
+        rep, v2v = r.repeat, r.repeat["voice_to_voice_ms"]
+        n = len(rep["differences"])
+        same = "yes" if rep["same"] else f"**no**: {n} difference{'s' * (n != 1)}"
+        lines.append(f"| {r.name} | {same} | {rep['runs_passed']}/{rep['runs']} | "
+                     f"{' / '.join('-' if v2v[k] is None else f'{v2v[k]:g}' for k in ('min', 'median', 'max'))} |")
+    return lines

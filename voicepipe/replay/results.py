@@ -23,6 +23,7 @@ class CaseResult:
     transport: str
     call: ObservedCall
     checks: list[Check] = field(default_factory=list)
+    repeat: dict[str, Any] | None = None  # --repeat: the runs compared (repeat.py)
 
     @property
     def passed(self) -> bool:
@@ -36,13 +37,15 @@ class CaseResult:
         return {"name": self.name, "path": self.path, "transport": self.transport, "call_id": self.call.call_id,
                 "passed": self.passed, "wall_s": round(self.call.wall_s, 2), "end_reason": self.call.end_reason,
                 "error": self.call.error, "metrics": self.metrics(), "send_lag_max_ms": self.call.send_lag_max_ms,
-                "turns": [asdict(t) for t in self.call.turns], "checks": [c.as_dict() for c in self.checks]}
+                "turns": [asdict(t) for t in self.call.turns], "checks": [c.as_dict() for c in self.checks],
+                **({"repeat": self.repeat} if self.repeat is not None else {})}
 
 
 def report_dict(results: list[CaseResult], wall_s: float, **run: Any) -> dict[str, Any]:
     lags = [lag for r in results for lag in r.call.send_lag_ms]  # every caller frame of the run
     return {"version": 1, **run, "wall_s": round(wall_s, 2), "cases_passed": sum(r.passed for r in results),
             "cases_failed": sum(not r.passed for r in results),
+            "cases_differing": sum(r.repeat is not None and not r.repeat["same"] for r in results),
             "send_lag_p95_ms": round(float(np.percentile(lags, 95)), 2) if lags else None,
             "cases": [r.as_dict() for r in results]}
 

@@ -2,7 +2,9 @@
 
 Cases run `concurrency` at a time on one event loop. Without a URL, an in-process server is started on a free
 port with the effective settings (so `--set` pairs reach it). Every call carries the case's system prompt and
-greeting and, with a seed, a `seed` parameter (the server seeds each turn's sampling from it).
+greeting and, with a seed, a `seed` parameter (the server seeds each turn's sampling from it). With `repeat`,
+the whole set runs that many times, one run after the other on the same server, and each case's runs are
+compared (repeat.py); with `cpu_load`, that many processes spin beside the server while the calls run.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from voicepipe.caller import endpoint_url, http_base, play_call
+from voicepipe.cpu_load import cpu_load
 from voicepipe.replay.case import CallCase, load_case
 from voicepipe.replay.checks import check_call
 from voicepipe.replay.golden import update_golden
 from voicepipe.replay.observed import ObservedCall, observe
+from voicepipe.replay.repeat import repeated_result
 from voicepipe.replay.results import CaseResult, baseline_checks, report_dict
 
 REPLY_TAIL_S = 120.0  # past the end of the caller's audio: the last reply (up to 60 s) and the record (30 s)
@@ -36,6 +40,8 @@ class ReplayOptions:
     tolerance: float = 0.25
     tolerance_ms: float = 100.0
     update_golden: bool = False
+    repeat: int = 1
+    cpu_load: int = 0  # processes spinning beside the server while the calls run
 
 
 def call_params(case: CallCase, seed: int | None) -> dict[str, Any]:
@@ -115,9 +121,16 @@ def server_url(url: str | None, settings) -> Iterator[str]:
 def run_replay(case_dirs: list[Path], settings, options: ReplayOptions,
                say: Callable[[str], None] = print) -> tuple[dict[str, Any], list[CaseResult]]:
     cases = [load_case(d) for d in case_dirs]  # every case is checked before any call is made
-    with server_url(options.url, settings) as url:
+    with server_url(options.url, settings) as url, cpu_load(options.cpu_load):
         started = time.monotonic()
-        results = asyncio.run(replay_all(cases, url, options, say))
+        runs = [asyncio.run(replay_all(cases, url, options, _in_run(say, run, options.repeat)))
+                for run in range(1, options.repeat + 1)]
+    results = runs[0] if options.repeat == 1 else [repeated_result(list(each)) for each in zip(*runs, strict=True)]
     report = report_dict(results, time.monotonic() - started, url=options.url or "in-process",
-                         seed=options.seed, concurrency=options.concurrency)
+                         seed=options.seed, concurrency=options.concurrency, repeat=options.repeat,
+                         cpu_load=options.cpu_load)
     return report, results
+
+
+def _in_run(say: Callable[[str], None], run: int, runs: int) -> Callable[[str], None]:
+    return say if runs == 1 else lambda line: say(f"[run {run}/{runs}] {line}")
