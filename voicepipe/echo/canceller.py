@@ -40,7 +40,8 @@ class EchoUnavailable(VoicepipeError):
     """The echo canceller's library cannot be loaded."""
 
 
-def load_speexdsp(name: str = LIBRARY) -> ctypes.CDLL:
+def load_speexdsp() -> ctypes.CDLL:
+    name = LIBRARY
     try:
         lib = ctypes.CDLL(name)
     except OSError as e:
