@@ -8,7 +8,8 @@ FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv python3-dev make espeak-ng ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev make espeak-ng libspeexdsp1 \
+    ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 1000 voicepipe
