@@ -1,6 +1,8 @@
 """Echo cancellers measured on a synthetic telephone echo, against no cancellation in the same run: SpeexDSP's
-MDF canceller (Debian `libspeexdsp1`, `voicepipe.echo.canceller`) and WebRTC's AEC3 (the `pywebrtc-audio` wheel,
-not a voicepipe dependency: `pip install pywebrtc-audio==0.2.0` to measure it; without it its rows are left out).
+MDF canceller (Debian `libspeexdsp1`, `voicepipe.echo.canceller`), WebRTC's AEC3 (the `pywebrtc-audio` wheel)
+and WebRTC's legacy AEC (Debian `libwebrtc-audio-processing1`). The last two are not voicepipe dependencies:
+`pip install pywebrtc-audio==0.2.0` and `apt-get install libwebrtc-audio-processing1` to measure them; a
+candidate whose library is missing is left out.
 
 For each rate (8 and 16 kHz), echo delay (20/150/400 ms) and echo level (-6/-20/-35 dB), the agent's espeak-ng
 speech (mu-law coded) returns through `voicepipe.echo.simulate`'s echo path: 8 s of echo alone, then the caller
@@ -26,6 +28,7 @@ JSON: flat keys `<candidate>.<rate>.<delay>ms.<level>dB.<metric>`, means over th
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import time
 from collections.abc import Callable
@@ -60,6 +63,51 @@ def webrtc_aec3(rate: int) -> Processor | None:
     return AudioProcessor(sample_rate=rate, echo_cancellation=True).process
 
 
+class WebRtcLegacyAec:
+    """Debian's `libwebrtc-audio-processing1` (0.3, a 2016 WebRTC snapshot, before AEC3): its C API to the legacy
+    AEC, in 10 ms blocks of floats on the int16 scale, with delay-agnostic mode and the extended filter (the
+    settings for a delay nobody reports), through ctypes."""
+
+    def __init__(self, lib: ctypes.CDLL, rate: int) -> None:
+        self._lib = lib
+        self.block = rate // 100
+        self._aec = lib.WebRtcAec_Create()
+        lib.WebRtcAec_Init(self._aec, rate, rate)
+        core = lib.WebRtcAec_aec_core(self._aec)
+        lib.WebRtcAec_enable_delay_agnostic(core, 1)
+        lib.WebRtcAec_enable_extended_filter(core, 1)
+        self._out = np.zeros(self.block, np.float32)
+
+    @classmethod
+    def make(cls, rate: int) -> Processor | None:
+        try:
+            lib = ctypes.CDLL("libwebrtc_audio_processing.so.1")
+        except OSError:
+            return None
+        lib.WebRtcAec_Create.restype = ctypes.c_void_p
+        lib.WebRtcAec_Init.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
+        lib.WebRtcAec_aec_core.restype = ctypes.c_void_p
+        lib.WebRtcAec_aec_core.argtypes = [ctypes.c_void_p]
+        lib.WebRtcAec_enable_delay_agnostic.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.WebRtcAec_enable_extended_filter.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.WebRtcAec_BufferFarend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        lib.WebRtcAec_Process.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        lib.WebRtcAec_Process.argtypes += [ctypes.c_size_t, ctypes.c_int16, ctypes.c_int32]
+        return cls(lib, rate).process
+
+    def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
+        out = np.empty_like(near)
+        out_bands = (ctypes.c_void_p * 1)(self._out.ctypes.data)
+        for lo in range(0, len(near), self.block):
+            far_block = far[lo : lo + self.block].astype(np.float32)
+            near_block = near[lo : lo + self.block].astype(np.float32)
+            self._lib.WebRtcAec_BufferFarend(self._aec, far_block.ctypes.data, self.block)
+            near_bands = (ctypes.c_void_p * 1)(near_block.ctypes.data)
+            self._lib.WebRtcAec_Process(self._aec, near_bands, 1, out_bands, self.block, 0, 0)
+            out[lo : lo + self.block] = np.clip(np.round(self._out), -32768, 32767)
+        return out
+
+
 def speex(filter_ms: float, residual: bool) -> Callable[[int], Processor]:
     return lambda rate: EchoCanceller(rate, FRAME_MS, filter_ms, residual).process
 
@@ -69,6 +117,7 @@ CANDIDATES: dict[str, tuple[Callable[[int], Processor | None], bool]] = {
     "none": (lambda rate: lambda near, far: near, False),
     "webrtc_aec3": (webrtc_aec3, False),
     "webrtc_aec3_aligned": (webrtc_aec3, True),
+    "webrtc_legacy_debian": (WebRtcLegacyAec.make, False),
     "speex_600ms": (speex(600, residual=False), False),
     "speex_600ms_res": (speex(600, residual=True), False),
     "speex_200ms_aligned_res": (speex(200, residual=True), True),
