@@ -18,13 +18,16 @@ PER_CHAR = 80  # output samples per character of agent text (10 ms at 8 kHz)
 
 class FakeDetector:
     def __init__(self) -> None:
-        self.stream = SimpleNamespace(samples_processed=0)
+        self.stream = SimpleNamespace(samples_processed=0, speech_pending=False)
         self.pending: list[VADEvent] = []
 
     def push(self, audio: np.ndarray) -> list[VADEvent]:
         self.stream.samples_processed += len(audio)
         out, self.pending = self.pending, []
         return out
+
+    def decide_again(self) -> list[VADEvent]:
+        return []
 
 
 class FakeSTTStream:

@@ -108,6 +108,9 @@ class TurnSettings(Section):
     acoustic_incomplete: float = Field(0.05, ge=0.0, le=1.0)
     # hybrid: the sound alone may end a turn it calls complete before the words are known (else it waits for them)
     acoustic_alone: bool = False
+    # How long after a pause's speech end its decision may wait for the evidence it awaits (the words' score, the
+    # sound's): the decision is taken at the same point of the audio however late they land, up to this bound.
+    evidence_wait_ms: int = Field(1000, ge=0, le=10000)
 
 
 class STTSettings(Section):
@@ -244,6 +247,10 @@ class CallSettings(Section):
     # Caller speech while the agent talks holds the agent's audio at once (the VAD's speech start), before the
     # barge-in decision; a noise shorter than barge_in_min_speech_ms, or a backchannel, lets it go on where it stopped.
     hold_on_speech: bool = True
+    # A reply's first audio goes out only once the VAD has judged the caller's audio up to that moment, so a caller
+    # who went on is heard before the agent speaks however late their audio is read; at most this long when the
+    # caller's audio is late (a stalled link, a client that sends nothing in silence).
+    caller_audio_wait_ms: int = Field(300, ge=0, le=5000)
     # Start the reply at the VAD's speech end and hold its audio until the end-of-turn decision; dropped if the
     # caller resumes. Saves up to vad.end_of_turn_silence_ms per turn, at the cost of LLM work on false ends.
     preemptive_generation: bool = True

@@ -9,6 +9,7 @@ overrides from the start message, a failing turn, and the release of everything 
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -104,6 +105,9 @@ class Harness:
         settings.calls.greeting = greeting
         settings.calls.barge_in_min_speech_ms = 150
         settings.calls.backchannels = backchannels  # off: any speech of 150 ms over the agent interrupts it
+        # The harness pushes a turn's audio at once and then nothing, where a line streams it: the first audio's wait
+        # for the caller's audio up to now would wait its whole bound each turn (the gate has tests of its own).
+        settings.calls.caller_audio_wait_ms = 0
         for key, value in calls.items():  # other calls.* settings
             setattr(settings.calls, key, value)
         self.engine = FakeEngine()
@@ -270,6 +274,58 @@ def test_speech_while_thinking_reopens_the_turn() -> None:
     run(main())
 
 
+async def stream_line(h: Harness, events: dict[int, str], chunks: int, stalls: dict[int, float]) -> None:
+    """The caller's line: 20 ms chunks at their pace, chunk `i` bringing the VAD event `events[i]`; before chunk `i`
+    in `stalls` the link stalls that many seconds, then delivers what it held at once (a late socket read, late
+    packets)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for i in range(chunks):
+        if i in stalls:
+            await asyncio.sleep(stalls[i])
+        h.push(20, *([h.ev(events[i])] if i in events else []))
+        await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - loop.time()))
+
+
+TURN = {0: "speech_start", 15: "speech_end", 16: "end_of_turn"}  # 300 ms of speech, its end and the decision
+
+
+def test_a_replys_first_audio_waits_until_the_callers_audio_up_to_then_is_judged() -> None:
+    """The turn ends, the caller's line stalls 300 ms, and the reply is ready mid-stall; the chunks the line then
+    delivers hold the caller going on. The reply's audio waits for them, so the caller is heard first: the turn is
+    reopened and the agent said nothing (no barge-in on words the caller never heard)."""
+    async def main():
+        h = Harness(caller_audio_wait_ms=1000)
+        await h.call.start()
+        h.stt.hold = True
+        line = asyncio.create_task(stream_line(h, {**TURN, 17: "speech_start"}, 30, stalls={17: 0.3}))
+        await h.settle(lambda: h.stt.futures)
+        await asyncio.sleep(0.1)
+        h.stt.futures[0].set_result(SimpleNamespace(text="what time is it"))  # mid-stall: the reply goes ahead
+        await h.settle(lambda: h.engine.calls)
+        await asyncio.sleep(0.05)
+        assert h.output.plays == []  # the caller's audio since the turn's end has not come
+        await line
+        assert h.call.record.barge_ins == 0 and h.output.plays == []
+        assert "turn_reopened" in h.observer.kinds()
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_reply_speaks_as_soon_as_the_line_has_brought_the_callers_audio_up_to_then() -> None:
+    async def main():
+        h = Harness(caller_audio_wait_ms=1000)
+        await h.call.start()
+        line = asyncio.create_task(stream_line(h, TURN, 40, stalls={}))
+        await h.settle(lambda: h.engine.calls)
+        await h.settle(lambda: h.output.plays, timeout=0.3)  # well before the bound: the line is on time
+        await line
+        await h.call.close()
+
+    run(main())
+
+
 def test_words_cut_off_while_thinking_are_answered_even_when_the_next_turn_hears_nothing() -> None:
     async def main():
         h = Harness(texts=[""])  # the second turn is a cough: its transcript is empty
@@ -406,15 +462,22 @@ def test_idle_timeout_ends_the_call_but_not_while_the_agent_talks() -> None:
     run(main())
 
 
+def pushed(push) -> tuple[float, float]:
+    """When a push of caller audio arrived: within (before, after) it on the call's clock."""
+    before = time.monotonic()
+    push()
+    return before, time.monotonic()
+
+
 def test_a_turn_reports_a_monotonic_timeline_and_its_figures_to_the_observers() -> None:
     async def main():
         h = Harness()
         await h.call.start()
         # Caller audio at real-time pace: 20 ms chunks, 400 ms of speech, then the end of the turn.
-        h.push(20, h.ev("speech_start"))
+        first = pushed(lambda: h.push(20, h.ev("speech_start")))
         for _ in range(21):
             await asyncio.sleep(0.02)
-            h.push(20)
+            last = pushed(lambda: h.push(20))
         h.push(20, h.ev("speech_end"))
         await asyncio.sleep(0.02)
         h.push(20, h.ev("end_of_turn"))
@@ -429,7 +492,11 @@ def test_a_turn_reports_a_monotonic_timeline_and_its_figures_to_the_observers() 
         times = [timeline[e] for e in CHAIN if e in timeline]
         assert times == sorted(times), timeline
         assert timeline["speech_end"] < timeline["end_of_turn"] <= timeline["first_audio_sent"]
-        assert 0.4 <= timeline["speech_end"] - timeline["speech_start"] <= 0.9  # 21 pushes 20 ms apart
+        # Each VAD event is dated by its chunk's arrival, less the audio after it in the chunk, however long the
+        # sleeps took: the start is the first chunk's first sample, 20 ms before that chunk arrived; the end is
+        # where the last chunk of the loop ended, as it arrived (rounded to 0.1 ms).
+        span = timeline["speech_end"] - timeline["speech_start"]
+        assert last[0] - first[1] + 0.02 - 0.0002 <= span <= last[1] - first[0] + 0.02 + 0.0002
         for name in ("voice_to_voice", "response", "stt_final", "ttft", "tts_first_audio", "send_delay"):
             assert turn.timings_ms[name] >= 0, name
         assert turn.timings_ms["voice_to_voice"] >= turn.timings_ms["response"]

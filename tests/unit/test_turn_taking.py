@@ -7,7 +7,6 @@ import asyncio
 import numpy as np
 
 from voicepipe.config import TurnSettings
-from voicepipe.pipeline import turn_taking
 from voicepipe.pipeline.turn_taking import PRE_SPEECH_S, TurnTaking
 from voicepipe.turns.policy import TurnPolicy
 from voicepipe.vad.turn import TurnView
@@ -26,10 +25,10 @@ class FakeSmartTurn:
         return self.prob
 
 
-def taking(prob: float = 0.9, policy: str = "hybrid") -> tuple[TurnTaking, FakeSmartTurn]:
+def taking(prob: float = 0.9, policy: str = "hybrid", evidence_wait_ms: float = 1000) -> tuple[TurnTaking, FakeSmartTurn]:
     model = FakeSmartTurn(prob)
     settings = TurnSettings(short_wait_ms=200, middle_wait_ms=700, long_wait_ms=2500)
-    return TurnTaking(TurnPolicy(policy, settings, 600), model, RATE), model
+    return TurnTaking(TurnPolicy(policy, settings, 600), model, RATE, evidence_wait_ms), model
 
 
 def view(silence_ms: float) -> TurnView:
@@ -80,8 +79,8 @@ def test_decide_asks_the_policy_with_the_evidence_and_records_the_deciding_one()
     assert (record["policy"], record["action"], record["wait_ms"], record["text_prob"]) == ("text", "end", 200, 0.9)
 
 
-def pause_with_words_coming(prob: float = 0.4) -> tuple[TurnTaking, FakeSmartTurn]:
-    turns, model = taking(prob)
+def pause_with_words_coming(prob: float = 0.4, evidence_wait_ms: float = 1000) -> tuple[TurnTaking, FakeSmartTurn]:
+    turns, model = taking(prob, evidence_wait_ms=evidence_wait_ms)
     turns.push(np.zeros(2 * RATE, np.int16))
     turns.speech_started(100)
     turns.speech_ended(RATE, words_coming=True)
@@ -114,13 +113,84 @@ def test_words_that_are_sure_settle_the_pause_without_the_sound() -> None:
     asyncio.run(main())
 
 
-def test_words_that_never_come_leave_the_sound_to_be_scored_after_a_bound(monkeypatch) -> None:
-    monkeypatch.setattr(turn_taking, "WORDS_WAIT_S", 0.05)
-
+def test_words_that_never_come_leave_the_sound_to_be_scored_after_the_bound() -> None:
     async def main():
-        turns, model = pause_with_words_coming()
+        turns, model = pause_with_words_coming(evidence_wait_ms=50)
         await turns._scoring
         assert len(model.heard) == 1 and turns.acoustic_prob == 0.4
+
+    asyncio.run(main())
+
+
+def awaited_pause(policy: str = "text", evidence_wait_ms: float = 1000) -> tuple[TurnTaking, list[str]]:
+    """A listening pause whose words are being scored; `ready` logs each `on_ready`."""
+    turns, _ = taking(policy=policy, evidence_wait_ms=evidence_wait_ms)
+    ready: list[str] = []
+    turns.on_ready = lambda: ready.append("ready")
+    turns.speech_started(100)
+    turns.speech_ended(RATE, words_coming=True, awaited=True)
+    return turns, ready
+
+
+def test_a_decision_parks_at_its_window_until_the_words_are_in_then_is_taken_there() -> None:
+    """The decision at 250 ms of silence is the same whether the words landed before that window or long after."""
+    async def main():
+        turns, ready = awaited_pause()
+        assert not turns.decide(view(150)) and not turns.waiting  # no evidence could end the turn yet (200 ms)
+        assert not turns.decide(view(250)) and turns.waiting and ready == []
+        await asyncio.sleep(0.05)  # the words are late
+        turns.text_known(turns.segment, 0.9, "A table for two.")
+        assert ready == ["ready"] and not turns.waiting
+        assert turns.decide(view(250))  # asked again at the parked window: complete, 200 ms
+        record = turns.decision_record()
+        assert record["text_prob"] == 0.9 and record["evidence_wait_ms"] >= 40
+
+    asyncio.run(main())
+
+
+def test_a_pause_over_the_agent_never_parks_its_decision() -> None:
+    async def main():
+        turns, _ = taking(policy="text")
+        turns.speech_started(100)
+        turns.speech_ended(RATE, words_coming=True, awaited=False)
+        assert not turns.decide(view(250)) and not turns.waiting  # the middle wait, without the words
+
+    asyncio.run(main())
+
+
+def test_past_the_bound_a_parked_decision_goes_on_without_the_words_and_says_so(caplog) -> None:
+    async def main():
+        turns, ready = awaited_pause(evidence_wait_ms=50)
+        assert not turns.decide(view(250)) and turns.waiting
+        await asyncio.sleep(0.2)
+        assert ready == ["ready"] and not turns.waiting
+        assert not turns.decide(view(250))  # no words: the middle wait (700 ms)
+        assert turns.decide(view(700)) and turns.decision_record()["evidence_missing"] == ["words"]
+
+    asyncio.run(main())
+    assert "went on without the words" in caplog.text
+
+
+def test_a_reply_without_words_releases_a_parked_decision_at_once() -> None:
+    async def main():
+        turns, ready = awaited_pause()
+        assert not turns.decide(view(250)) and turns.waiting
+        turns.text_known(turns.segment, None)  # the early reply heard nothing to score
+        assert ready == ["ready"] and not turns.decide(view(250)) and turns.decide(view(700))
+
+    asyncio.run(main())
+
+
+def test_under_hybrid_a_parked_decision_waits_for_the_sound_when_the_words_are_unsure() -> None:
+    async def main():
+        turns, ready = awaited_pause(policy="hybrid")
+        turns.acoustic.prob = 0.99
+        assert not turns.decide(view(250)) and turns.waiting
+        turns.text_known(turns.segment, 0.05)  # unsure: the sound decides
+        assert turns.waiting and ready == []
+        await turns._scoring
+        assert ready == ["ready"] and turns.decide(view(250))
+        assert turns.decision_record()["acoustic_prob"] == 0.99
 
     asyncio.run(main())
 
@@ -130,7 +200,7 @@ def test_a_sound_waiting_for_words_gives_up_when_the_caller_speaks_again() -> No
         turns, model = pause_with_words_coming()
         await asyncio.sleep(0.01)
         turns.speech_started(RATE + 100)
-        await asyncio.wait_for(turns._scoring, 0.2)  # at once, not after WORDS_WAIT_S
+        await asyncio.wait_for(turns._scoring, 0.5)  # at once, not after the bound (1 s)
         assert model.heard == [] and turns.acoustic_prob is None
 
     asyncio.run(main())

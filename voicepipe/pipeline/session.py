@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -63,6 +64,9 @@ PIPELINE_RATE = 16000  # VAD and STT input
 PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT hears the first syllable
 SEARCH_SAMPLES = SEARCH_MS * PIPELINE_RATE // 1000
 ARRIVALS_KEPT = 1500  # caller chunks whose arrival time is kept (30 s of 20 ms chunks) to date VAD events
+JUDGED_PIECE = 512  # caller audio is judged in pieces of at most one VAD window, so a decision parks at its window
+PACE_CHUNKS = 150  # the latest arrivals (3 s of 20 ms chunks) that tell the caller's pace (`_judged_up_to_now`)
+PACE_SLACK_S = 0.04  # a chunk may arrive this much after its time (one 20 ms chunk and the loop's own jitter)
 
 
 class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
@@ -104,8 +108,10 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._preroll: list[np.ndarray] = []
         self._preroll_len = 0
-        self._vad_pos = 0  # 16 kHz samples pushed to the VAD
-        self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)  # (vad_pos after a chunk, when)
+        self._vad_pos = 0  # 16 kHz samples judged: pushed to the VAD (and the STT, the turn-taking)
+        self._received = 0  # 16 kHz samples received; those past `_vad_pos` wait in `_unjudged`
+        self._unjudged: deque[np.ndarray] = deque()  # received, while a turn decision waits for its evidence
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)  # (received after a chunk, when)
         self._speech_start: int | None = None  # VAD sample of the open speech segment
         self._holding = False  # the agent's audio is held for caller speech (`hold_on_speech`)
         self._next_timeline: dict[str, float] = {}  # the timeline of the caller turn being spoken
@@ -138,7 +144,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         words_scored = self.cfg.preemptive_generation and getattr(self.res.engine, "scores_words", True)
         policy = TurnPolicy(effective_policy(self.turn_policy, self.res.turn is not None, words_scored=words_scored),
                             self.settings.turn, self.settings.vad.end_of_turn_silence_ms)
-        self.turns = TurnTaking(policy, self.res.turn, PIPELINE_RATE)
+        self.turns = TurnTaking(policy, self.res.turn, PIPELINE_RATE, self.settings.turn.evidence_wait_ms)
+        self.turns.on_ready = self._evidence_in
         self.detector = self._make_detector()
         self.stt = self.res.transcriber.open_stream(PIPELINE_RATE, on_partial=self._on_partial)
         self._watchdog = asyncio.create_task(self._watch_idle(), name=f"idle-{self.call_id}")
@@ -188,6 +195,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             self.stt = None
             self.detector = None
             self._preroll = []
+            self._unjudged.clear()
             self.session = None
             self.state = CallState.ENDED
             self.record.ended = time.time()
@@ -199,7 +207,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
 
     # -- caller audio -----------------------------------------------------------------------------
     def push_audio(self, samples: np.ndarray) -> None:
-        """Caller audio (int16 mono at `input_rate`). Runs the VAD inline; the STT only buffers here."""
+        """Caller audio (int16 mono at `input_rate`). Judged inline (VAD, turn decision; the STT only buffers here),
+        unless a turn decision waits for its evidence: then it waits its turn (`_judge`)."""
         if self.closed or samples.size == 0:
             return
         audio = self._resampler.process(samples) if self._resampler is not None else samples
@@ -211,35 +220,34 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 self.observers.audio(self.record, "caller", audio, PIPELINE_RATE, now)
         if audio.size == 0:
             return
-        start = self._vad_pos
+        self._received += len(audio)
+        self._arrivals.append((self._received, self._since()))
+        self._unjudged.extend(audio[i:i + JUDGED_PIECE] for i in range(0, len(audio), JUDGED_PIECE))
+        self._judge()
+
+    def _judge(self) -> None:
+        """Judge the received audio in order, up to a turn decision that parks for its evidence (`TurnTaking`)."""
+        while self._unjudged and not self.turns.waiting and not self.closed:
+            self._judge_piece(self._unjudged.popleft())
+
+    def _evidence_in(self) -> None:
+        """TurnTaking.on_ready: the evidence a parked decision waited for is in. Asked again off the caller's stack
+        (the evidence may land inside a call of this session's own)."""
+        self._loop.call_soon(self._decide_again)
+
+    def _decide_again(self) -> None:
+        if self.closed or self.turns.waiting:
+            return
+        self._on_vad_events(self.detector.decide_again())
+        self._judge()
+
+    def _judge_piece(self, audio: np.ndarray) -> None:
         self._vad_pos += len(audio)
-        self._arrivals.append((self._vad_pos, self._since()))
         self._remember(audio)
         self.turns.push(audio)
         if self._stt_turn_active:
             self.stt.push(audio)
-        for ev in self.detector.push(audio):
-            self.note("vad", kind=ev.kind)
-            if ev.kind == "speech_start":
-                self.turns.speech_started(ev.sample)
-                self._on_speech_start(ev.sample, start)
-            elif ev.kind == "speech_end":
-                self._speech_end = ev.sample
-                self._speech_end_settled = False
-                self._speech_start = None
-                hearing = self._over_agent() and self._stt_turn_active  # its words decide (_check_backchannel)
-                if not hearing:
-                    self._hold_output(False)  # a noise: the agent goes on
-                audible = self._audible_end(ev.sample)
-                words_coming = False
-                if self._stt_turn_active:
-                    self._next_timeline["speech_end"] = self._sample_time(audible)
-                    words_coming = self._start_early_reply()
-                self.turns.speech_ended(audible, words_coming)
-                if hearing:
-                    self._check_backchannel()
-            elif ev.kind == "end_of_turn":
-                self._on_end_of_turn()
+        self._on_vad_events(self.detector.push(audio))
         if self._speech_end is not None and self._vad_pos - self._speech_end >= SEARCH_SAMPLES:
             self._settle_speech_end()
         if self._speech_start is not None and self.state in (CallState.THINKING, CallState.SPEAKING):
@@ -247,6 +255,53 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             threshold = self.cfg.backchannel_max_ms if self._over_agent() else self.cfg.barge_in_min_speech_ms
             if speech_ms >= threshold and self._reply is not None:
                 self._barge_in()
+
+    def _on_vad_events(self, events) -> None:
+        for ev in events:
+            self.note("vad", kind=ev.kind)
+            if ev.kind == "speech_start":
+                self.turns.speech_started(ev.sample)
+                self._on_speech_start(ev.sample)
+            elif ev.kind == "speech_end":
+                self._on_speech_end(ev.sample)
+            elif ev.kind == "end_of_turn":
+                self._on_end_of_turn()
+
+    def _on_speech_end(self, sample: int) -> None:
+        self._speech_end = sample
+        self._speech_end_settled = False
+        self._speech_start = None
+        hearing = self._over_agent() and self._stt_turn_active  # its words decide (_check_backchannel)
+        if not hearing:
+            self._hold_output(False)  # a noise: the agent goes on
+        audible = self._audible_end(sample)
+        words_coming = False
+        if self._stt_turn_active:
+            self._next_timeline["speech_end"] = self._sample_time(audible)
+            words_coming = self._start_early_reply()
+        listening = self._stt_turn_active and self.state is CallState.LISTENING
+        self.turns.speech_ended(audible, words_coming, awaited=listening)
+        if hearing:
+            self._check_backchannel()
+
+    def _judged_up_to_now(self) -> bool:
+        """The VAD has judged the caller's audio up to this moment: none waits unjudged, the VAD holds no speech it
+        has yet to confirm, and the audio the caller has sent by now has come (at the pace of its least delayed
+        recent chunk, so a loop that reads the socket late, or a caller's late packets, count as not yet judged)."""
+        if not self._arrivals:
+            return True
+        if self._unjudged or self.detector is None or self.detector.stream.speech_pending:
+            return False
+        recent = itertools.islice(reversed(self._arrivals), PACE_CHUNKS)
+        zero = min(at - end / PIPELINE_RATE for end, at in recent)  # when the caller's sample 0 was due
+        return self._received >= (self._since() - zero - PACE_SLACK_S) * PIPELINE_RATE
+
+    async def _caller_judged(self) -> None:
+        """Before a reply's first audio: wait until the caller's audio up to now is judged (`_judged_up_to_now`), at
+        most `calls.caller_audio_wait_ms`."""
+        deadline = time.monotonic() + self.cfg.caller_audio_wait_ms / 1000
+        while not self.closed and not self._judged_up_to_now() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     def _remember(self, audio: np.ndarray) -> None:
         self._preroll.append(audio)
@@ -274,7 +329,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self._next_timeline["speech_end"] = self._sample_time(self._audible_end(end))
         self._speech_end_settled = self._vad_pos - end >= SEARCH_SAMPLES
 
-    def _on_speech_start(self, sample: int, chunk_start: int) -> None:
+    def _on_speech_start(self, sample: int) -> None:
         self._speech_start = sample
         self._speech_end = None
         self._last_activity = time.monotonic()
@@ -395,7 +450,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         for end, at in self._arrivals:
             if end >= vad_sample:
                 return round(at - (end - vad_sample) / PIPELINE_RATE, 4)
-        end, at = self._arrivals[-1] if self._arrivals else (self._vad_pos, self._since())
+        end, at = self._arrivals[-1] if self._arrivals else (self._received, self._since())
         return round(at - (end - vad_sample) / PIPELINE_RATE, 4)
 
     def note(self, event_type: str, /, **data: Any) -> None:
@@ -455,6 +510,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 self.note("stt_final", turn=reply.turn, text=text)
                 self._emit_for(reply, "transcript", {"text": text, "final": True, "turn": reply.turn})
                 if not text:
+                    self.turns.text_known(reply.segment, None)  # no words to score: the decision need not wait
                     await self._chores_done()  # a barge-in's late transcript may still be on its way
                     if not self._unanswered:
                         reply.stream.cancel()
@@ -470,6 +526,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             raise
         except Exception as exc:  # one failed turn must not end the call
             log.exception("call %s: turn %d failed", self.call_id, reply.turn)
+            self.turns.text_known(reply.segment, None)  # an early reply that failed scores no words
             if record is not None:
                 record.error = f"{type(exc).__name__}: {exc}"
             reply.stream.cancel()
@@ -508,8 +565,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         gen = engine.generate(self.session, messages, tier="priority", temperature=self.cfg.temperature, seed=seed,
                               end_probe=probe, **self._tool_options())
         if probe:
-            gen.end_prob.add_done_callback(
-                lambda f: f.cancelled() or self.turns.text_known(reply.segment, f.result(), text))
+            gen.end_prob.add_done_callback(lambda f: self.turns.text_known(
+                reply.segment, None if f.cancelled() or f.exception() is not None else f.result(), text))
         reply.llm_started = True
         record.timeline["llm_queued"] = self._since()
         self.note("llm_queued", turn=reply.turn)
@@ -589,6 +646,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
     async def _pump_audio(self, reply: _Reply) -> None:
         """Move TTS frames to the transport as they are synthesized."""
         stream = reply.stream
+        first = True
         while True:
             frame = stream.read(0)
             if frame is None:
@@ -604,6 +662,11 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                     reply.record.timeline["first_audio_synth"] = self._since(reply.first_audio)
             if reply.held:
                 await reply.release.wait()
+            if first:
+                first = False
+                await self._caller_judged()
+                if stream.cancelled:  # the caller went on meanwhile: reopened, or a barge-in
+                    break
             if self.state is CallState.THINKING and self._reply is reply:
                 self.state = CallState.SPEAKING
             self.output.play(frame.samples, (reply.turn, frame.start_sample, len(frame.samples)))

@@ -85,6 +85,14 @@ class TurnPolicy:
     def uses_acoustic(self) -> bool:
         return self.name in ("acoustic", "hybrid")
 
+    @property
+    def shortest_wait_ms(self) -> float:
+        """No decision ends a turn before this much silence, whatever the evidence: until then it cannot matter."""
+        if self.name == "silence":
+            return self.silence_ms
+        s = self.settings
+        return float(min(s.short_wait_ms, s.middle_wait_ms, s.long_wait_ms))
+
     def needs_sound(self, text_prob: float | None, text_marked: bool = False) -> bool:
         """Whether the sound of a pause can change this policy's decision, given its words' P(complete) (None: not
         scored). Hybrid needs it only where the words are unsure."""

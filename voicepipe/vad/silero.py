@@ -123,6 +123,11 @@ class VADStream:
         return self._input_seen
 
     @property
+    def speech_pending(self) -> bool:
+        """Windows above the threshold that are not yet `min_speech_ms` long: speech not yet confirmed or dropped."""
+        return self._cand_start is not None
+
+    @property
     def samples_processed(self) -> int:
         """Input samples the model has judged (lags `samples_seen` by less than one window)."""
         return self._to_input(self._model_pos)
@@ -267,10 +272,16 @@ class TurnDetector:
             elif ev.kind == "speech_end":
                 self.last_speech_end = ev.sample
                 self._turn_speech += ev.sample - self._start
+        return out + self.decide_again()
+
+    def decide_again(self) -> list[VADEvent]:
+        """Ask the policy at the window it was last asked at: [end_of_turn] if the turn is over. A policy that waited
+        there for evidence (voicepipe/pipeline/turn_taking.py) is asked again once the evidence is in."""
         if self.speech_seen and self.policy.decide(self.view()):
-            out.append(VADEvent("end_of_turn", self.stream.samples_processed, self.stream.sample_rate))
+            event = VADEvent("end_of_turn", self.stream.samples_processed, self.stream.sample_rate)
             self._new_turn()
-        return out
+            return [event]
+        return []
 
     def flush(self) -> list[VADEvent]:
         events = self.stream.flush()
