@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -72,9 +71,8 @@ def test_each_transport_refuses_the_call_over_the_limit(full_app: TestClient) ->
     offer = full_app.post("/webrtc/offer", json={"type": "offer", "sdp": AUDIO_SDP})
     assert offer.status_code == 503 and "max_concurrent" in offer.json()["detail"]
     with socket.create_connection(("127.0.0.1", full_app.app.state.audiosocket_port), timeout=5) as tcp:
-        started = time.monotonic()
         assert tcp.recv(16) == b"\x00\x00\x00"  # AudioSocket's hangup message
-        assert tcp.recv(16) == b"" and time.monotonic() - started < 5  # then the close
+        assert tcp.recv(16) == b""  # then the close (a line left open would raise the socket's timeout)
     ready = full_app.get("/ready")
     assert ready.status_code == 503
     assert ready.json() | {"load_seconds": {}} == {"ready": False, "models_loaded": False, "load_seconds": {},

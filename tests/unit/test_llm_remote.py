@@ -186,20 +186,19 @@ def test_a_refusal_is_not_retried_and_says_what_the_server_said(server) -> None:
 def test_a_server_that_stalls_times_out_after_its_retries(server) -> None:
     base, script = server
     engine = engine_for(base, read_timeout_s=0.3, retries=1)
-    script.plans.extend([("stall", 5.0), ("stall", 5.0)])
-    started = time.monotonic()
+    # The server answers 1.5 s late, before the default read timeout (2 s) but after the one set: each try ending
+    # on a read timeout shows that the setting bounded the wait, however fast the machine.
+    script.plans.extend([("stall", 1.5), ("stall", 1.5)])
     with pytest.raises(RemoteBackendError, match="after 2 tries: ReadTimeout"):
         asyncio.run(reply(engine, engine.open_session(), "Hi"))
-    assert time.monotonic() - started < 3.0
     assert engine.counters["errors"] == 1 and engine.counters["retries"] == 1
 
 
 def test_a_server_that_is_down_fails_fast() -> None:
     engine = engine_for(f"http://127.0.0.1:{free_port()}/v1", model="m", connect_timeout_s=0.5, retries=2)
-    started = time.monotonic()
-    with pytest.raises(RemoteBackendError, match="ConnectError"):
+    with pytest.raises(RemoteBackendError, match="after 3 tries: ConnectError"):  # refused, never a timeout
         asyncio.run(reply(engine, engine.open_session(), "Hi"))
-    assert time.monotonic() - started < 3.0 and engine.counters["retries"] == 2
+    assert engine.counters["retries"] == 2
 
 
 def test_a_reply_cut_short_raises_after_its_pieces_and_keeps_them(server) -> None:
