@@ -98,10 +98,8 @@ def test_final_with_vad_end_reuses_work_done_during_speech(transcriber: Transcri
         stream.push(np.zeros(CHUNK, np.float32))  # the line stays open, as in a call
     assert covered.is_set(), "no partial decode reached the end of speech"
     before = transcriber.stats.finals_reused
-    start = time.perf_counter()
     final = stream.finish(end).result(timeout=30)
-    assert time.perf_counter() - start < 0.5
-    assert final.reused and final.decode_ms == 0.0  # no model ran for the final
+    assert final.reused and final.decode_ms == 0.0  # no model ran for the final: it costs no decode, on any machine
     assert transcriber.stats.finals_reused == before + 1
     assert wer(u.text, final.text) <= 0.25, final.text
     # (A final whose end no decode has reached runs its own decode: tests/unit/test_stt_worker.py.)

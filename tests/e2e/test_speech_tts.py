@@ -117,12 +117,11 @@ def test_cancel_mid_sentence_stops_within_one_frame(synthesizer: Synthesizer) ->
                "it in the middle of a sentence, well before it is over.")
     got = [stream.read(timeout=30) for _ in range(25)]  # half a second of audio played
     assert all(f is not None for f in got)
-    start = time.perf_counter()
     stream.cancel()
+    assert stream.done  # at once: a read answers without waiting for the worker
     after = []
     while (frame := stream.read(timeout=0.2)) is not None:
         after.append(frame)
-    assert time.perf_counter() - start < 0.25
     assert sum(len(f.samples) for f in after) <= stream.frame_samples  # nothing beyond one frame
     assert stream.cancelled and stream.done
     stream.push_text("more text after cancel. ")  # ignored, no error
