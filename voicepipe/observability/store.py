@@ -181,8 +181,8 @@ class CallStore:
             if heartbeat:
                 conn.execute(_HEARTBEAT, (self.replica, time.time()))
         if lost:
-            log.warning("call store: closed %d calls this replica (%s) left live when its process ended as lost",
-                        len(lost), self.replica)
+            log.warning("call store: %d calls of this replica (%s) were live when its last process ended; closed "
+                        "them as lost", len(lost), self.replica)
         self._count_lost(lost, AT_START)
 
     def _heartbeat(self, conn) -> None:
