@@ -31,14 +31,15 @@ from tests.e2e.test_call_transports import THREE_TURNS, speak
 from tests.net_helpers import server_process
 from tests.postgres_helpers import postgres_server
 from voicepipe.caller import run_call
-from voicepipe.config import load_settings
+from voicepipe.config import ObservabilitySettings, load_settings
 from voicepipe.observability.recorder import FLUSH_EVERY_S, HOLD_BACK_S, RATE
 from voicepipe.server import create_app
 
 pytestmark = pytest.mark.e2e
 
 FLUSH_S = 0.5  # observability.flush_interval_s: the store's promise
-HEARTBEAT_S, LOST_AFTER_S = 1.0, 3.0
+DEFAULTS = ObservabilitySettings()
+HEARTBEAT_S, LOST_AFTER_S = DEFAULTS.heartbeat_s, DEFAULTS.lost_after_s  # the fleet runs on the defaults
 SLACK_S = 1.0  # a busy machine: the writer threads, the poll and the kill run late by up to this much
 
 
@@ -125,8 +126,7 @@ def test_a_killed_servers_call_is_lost_and_keeps_what_it_flushed(tmp_path: Path,
 
 def test_a_live_replica_closes_a_killed_replicas_call_within_two_heartbeats(tmp_path: Path, voice_dir: Path) -> None:
     with postgres_server() as url:
-        fleet = {"observability.store_url": url, "observability.heartbeat_s": HEARTBEAT_S,
-                 "observability.lost_after_s": LOST_AFTER_S}
+        fleet = {"observability.store_url": url}
         with survivor(replica_settings(tmp_path / "a", "replica-a", **fleet)) as a, \
                 server_process(*(f"--set={p}" for p in replica_settings(tmp_path / "b", "replica-b", **fleet))) \
                 as (b_base, b_proc):
