@@ -138,11 +138,11 @@ def test_a_live_replica_closes_a_killed_replicas_call_within_two_heartbeats(tmp_
                 deadline = time.monotonic() + 120
                 while closed_at is None:
                     assert time.monotonic() < deadline, "the dead replica's call was never closed"
-                    if shown_at is None and a.get("/api/calls/on-replica-b").json()["outcome"] == "lost":
-                        shown_at = time.time()
                     outcome = db.execute("SELECT outcome FROM calls WHERE id = 'on-replica-b'").fetchone()[0]
                     if outcome == "lost":
                         closed_at = time.time()
+                    if shown_at is None and a.get("/api/calls/on-replica-b").json()["outcome"] == "lost":
+                        shown_at = time.time()  # read after the store's row: a closed call is shown lost
                     time.sleep(0.05)
             stale_at = last_beat + LOST_AFTER_S
             print(f"after b's heartbeat went stale: shown lost {shown_at - stale_at:+.2f} s, closed "
