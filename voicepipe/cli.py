@@ -337,8 +337,8 @@ def bench_turns(
         False,
     evidence: Annotated[Path | None, typer.Option(
         help="Recorded evidence: replayed if the file exists (seconds, no models), else recorded into it.")] = None,
-    cpu_load: Annotated[int, typer.Option(min=0, help="Processes spinning on the CPU beside the calls while the "
-                                                      "evidence is recorded (a busy machine).")] = 0,
+    cpu_load: Annotated[int, typer.Option(min=0, help="Record the set a second time beside this many processes "
+                                                      "spinning on the CPU (a busy machine), in the same run.")] = 0,
 ) -> None:
     """Every end-of-turn policy over one labelled set: wait after complete sentences, false cut-offs at pauses."""
     from voicepipe.bench.turns import run_turns_bench
@@ -355,6 +355,11 @@ def bench_turns(
     console.print(table)
     console.print(f"wait_ratio {report['wait_ratio']} · decision_p95_ms {report.get('decision_p95_ms')} · "
                   f"text evidence {report.get('text_ready_p50_ms')} ms after the VAD's speech end (p50)")
+    console.print(f"{report['policy']}: conversational turns ({report['conversational_utterances']}) false cut-offs "
+                  f"{report['conversational_false_cutoff_rate']}, wait p50 {report['conversational_wait_p50_ms']} ms"
+                  + (f" · loaded: false cut-offs {report['false_cutoff_rate_loaded']}, wait p50 loaded/quiet "
+                     f"{report['wait_p50_loaded_over_quiet']}, same decisions {report['same_decisions_rate']}, "
+                     f"same evidence {report['same_evidence_rate']}" if "false_cutoff_rate_loaded" in report else ""))
 
 
 @bench_app.command("observability")

@@ -25,7 +25,8 @@ class FakeSmartTurn:
         return self.prob
 
 
-def taking(prob: float = 0.9, policy: str = "hybrid", evidence_wait_ms: float = 1000) -> tuple[TurnTaking, FakeSmartTurn]:
+def taking(prob: float = 0.9, policy: str = "hybrid",
+           evidence_wait_ms: float = 1000) -> tuple[TurnTaking, FakeSmartTurn]:
     model = FakeSmartTurn(prob)
     settings = TurnSettings(short_wait_ms=200, middle_wait_ms=700, long_wait_ms=2500)
     return TurnTaking(TurnPolicy(policy, settings, 600), model, RATE, evidence_wait_ms), model

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from voicepipe.bench.turn_evidence import Evidence, Pause, _Recorder, load_evidence
-from voicepipe.bench.turns import RATE, WINDOW, Outcome, _known, _outcome, calibrate, flat_report, replay, score
+from voicepipe.bench.turn_evidence import Evidence, Pause, _Recorder, load_recordings
+from voicepipe.bench.turns import RATE, WINDOW, Outcome, _outcome, calibrate, flat_report, replay, score
 from voicepipe.config import Settings, TurnSettings
 from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy, marked_end
 
@@ -19,16 +19,37 @@ MS = RATE // 1000
 
 
 def brute_force(policy: TurnPolicy, ev: Evidence) -> Outcome:
-    """The policy asked after every VAD window, as a call's TurnDetector asks it (the replay's oracle)."""
+    """The call simulated window by window (the replay's oracle): the policy is asked after every VAD window; while
+    evidence it awaits is on its way and the silence could already end the turn, the call parks at that window
+    until the evidence lands (or the bound passes) and asks again there. `clock` is the caller's time, in samples."""
     for pause in ev.pauses:
         stop = ev.processed if pause.resumed is None else pause.resumed
+        late, clock = pause.at + policy.settings.evidence_wait_ms * MS, pause.at
         for pos in range(pause.at, stop, WINDOW):
-            sound = _known(pause.acoustic_prob, pause.acoustic_ready, pos)
-            evidence = TurnEvidence((pos - pause.end) / MS, _known(pause.text_prob, pause.text_ready, pos), sound,
-                                    marked_end(pause.text))
-            if policy.decide(evidence).action == "end":
-                return _outcome(ev, pos)
+            clock = max(clock, pos)
+            while True:
+                text = landed(pause.text_prob, pause.text_ready, clock, late)
+                marked = marked_end(pause.text) and text is not None
+                words_due = policy.uses_text and clock < late and not arrived(pause.text_ready, clock)
+                sound_wanted = policy.needs_sound(text, marked)
+                sound = landed(pause.acoustic_prob, pause.acoustic_ready, clock, late) if sound_wanted else None
+                sound_due = sound_wanted and clock < late and not arrived(pause.acoustic_ready, clock)
+                if (words_due or sound_due) and (pos - pause.end) / MS >= policy.shortest_wait_ms:
+                    ready = pause.text_ready if words_due else pause.acoustic_ready
+                    clock = late if ready is None else min(ready, late)  # parked until it lands
+                    continue
+                break
+            if policy.decide(TurnEvidence((pos - pause.end) / MS, text, sound, marked)).action == "end":
+                return _outcome(ev, pos, clock)
     return Outcome(None, None, False)
+
+
+def arrived(ready: int | None, clock: int) -> bool:
+    return ready is not None and ready <= clock
+
+
+def landed(value: float | None, ready: int | None, clock: int, late: int) -> float | None:
+    return value if arrived(ready, min(clock, late)) else None
 
 
 def paused(text_prob, acoustic_prob, text_ms, acoustic_ms, pause_ms) -> Evidence:
@@ -51,9 +72,9 @@ def complete(text_prob, acoustic_prob, text_ms, acoustic_ms) -> Evidence:
 
 
 CASES = [complete(t, a, tm, am) for t, a, tm, am in itertools.product(
-    (None, 0.001, 0.05, 0.7), (0.05, 0.4, 0.95), (30, 200, 900), (20, 700))] + [
+    (None, 0.001, 0.05, 0.7), (0.05, 0.4, 0.95), (30, 200, 900, 1500), (20, 700, 1600))] + [
     paused(t, a, tm, am, pm) for t, a, tm, am, pm in itertools.product(
-        (0.001, 0.05, 0.7), (0.05, 0.95), (30, 400), (20, 700), (500, 900, 1200))]
+        (0.001, 0.05, 0.7), (0.05, 0.95), (30, 400, 1500), (20, 700), (500, 900, 1200))]
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -102,7 +123,7 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "turns" / "evidenc
 def test_the_default_policy_on_recorded_evidence_meets_the_cut_off_bound_and_beats_silence() -> None:
     """Evidence recorded by `voicepipe bench turns --evidence` on this project's labelled set (96 utterances
     played as real calls on a 2-core CPU): the calibrated defaults must keep their figures (README)."""
-    evidence = load_evidence(RECORDED)
+    evidence = load_recordings(RECORDED)["quiet"]
     assert [ev.label for ev in evidence].count("paused") == 48 and len(evidence) == 96
     settings = Settings()
     default = score(TurnPolicy(settings.turn.policy, settings.turn, 600), evidence)

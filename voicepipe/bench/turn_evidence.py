@@ -1,13 +1,18 @@
 """What the end-of-turn policy knows at each pause of a labelled utterance, recorded from real calls.
 
-Each utterance is one `CallSession` over the process's models (VAD, streaming STT, the LLM engine, TTS and Smart
-Turn), fed in 20 ms chunks at real-time pace, so the evidence arrives when it would in a call: the STT's pause
+Each utterance is a turn of a `CallSession` over the process's models (VAD, streaming STT, the LLM engine, TTS and
+Smart Turn), fed in 20 ms chunks at real-time pace, so the evidence arrives when it would in a call: the STT's pause
 decode, the early reply's prefill with its end probe, then Smart Turn on a worker thread, all sharing the cores as
 in a call. (Under the `acoustic` policy a call scores the sound at the speech end, alongside the prefill; its
 replay here sees it after the words.) The call's policy is told to wait 10 s at every pause, so it never ends the
-turn; its `TurnTaking` reports, in the call's samples, where the VAD reported each speech end and when each piece
-of evidence landed. Once the last pause's evidence is in, the rest of the utterance (silence) is not played. The
-agent's audio goes nowhere. `voicepipe.bench.turns` replays every policy over this record.
+turn by itself; its `TurnTaking` reports, in the utterance's samples, where the VAD reported each speech end and
+when each piece of evidence landed. Once the last pause's evidence is in, the rest of the utterance (silence) is
+not played. The agent's audio goes nowhere.
+
+A call plays one utterance (a first turn, after the greeting) or several in a row (`per_call`): then the turn is
+ended at each utterance's end, the agent's reply is generated and kept in the call's history, and the next
+utterance is scored with that history, as the words of a conversation's later turns are (their P(end) is not a
+first turn's). `voicepipe.bench.turns` replays every policy over this record.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from voicepipe.observability.hooks import Observers
 from voicepipe.vad.silero import WINDOW
@@ -52,19 +59,22 @@ class Evidence:
     pause_end: int | None  # paused: where the continuation begins
     processed: int  # the utterance's length in whole VAD windows
     pauses: list[Pause] = field(default_factory=list)
+    turn: int = 1  # the utterance's turn in its call: 1 after the greeting, more with earlier turns' history
 
 
-def save_evidence(evidence: list[Evidence], path: Path) -> None:
-    path.write_text(json.dumps([asdict(ev) for ev in evidence]))
+def save_recordings(recordings: dict[str, list[Evidence]], path: Path) -> None:
+    """Each recording of the run ("quiet", "loaded") by name."""
+    path.write_text(json.dumps({name: [asdict(ev) for ev in evidence] for name, evidence in recordings.items()}))
 
 
-def load_evidence(path: Path) -> list[Evidence]:
-    """Evidence written by `save_evidence` (a recorded set replays every policy in seconds, without models)."""
-    out = []
-    for row in json.loads(path.read_text()):
-        pauses = [Pause(**p) for p in row.pop("pauses")]
-        out.append(Evidence(**row, pauses=pauses))
-    return out
+def load_recordings(path: Path) -> dict[str, list[Evidence]]:
+    """Recordings written by `save_recordings` (a recorded run replays every policy in seconds, without models)."""
+    return {name: [_evidence(row) for row in rows] for name, rows in json.loads(path.read_text()).items()}
+
+
+def _evidence(row: dict[str, Any]) -> Evidence:
+    pauses = [Pause(**p) for p in row.pop("pauses")]
+    return Evidence(**row, pauses=pauses)
 
 
 class _Sink:
@@ -91,15 +101,16 @@ def recording_settings(settings):
     return settings.model_copy(update={"turn": turn})
 
 
-def collect_evidence(items, resources, settings,
-                     progress: Callable[[int, int], None] | None = None) -> list[Evidence]:
-    """Evidence for every labelled utterance (`voicepipe.bench.turn_corpus.LabelledUtterance`), one call each."""
+def collect_evidence(items, resources, settings, progress: Callable[[int, int], None] | None = None,
+                     per_call: int = 1) -> list[Evidence]:
+    """Evidence for every labelled utterance (`voicepipe.bench.turn_corpus.LabelledUtterance`), `per_call` of them
+    in turn in each call."""
     async def main() -> list[Evidence]:
-        out = []
-        for i, item in enumerate(items):
-            out.append(await _record(item, resources, recording_settings(settings)))
+        out: list[Evidence] = []
+        for first in range(0, len(items), per_call):
+            out += await _record(items[first:first + per_call], resources, recording_settings(settings))
             if progress:
-                progress(i + 1, len(items))
+                progress(len(out), len(items))
         return out
 
     return asyncio.run(main())
@@ -108,23 +119,25 @@ def collect_evidence(items, resources, settings,
 class _Recorder:
     """Observes one call: VAD reports and evidence, placed in the utterance's samples."""
 
-    def __init__(self, item, call) -> None:
+    def __init__(self, item, call, turn: int = 1, offset: int = 0) -> None:
         self.call = call
+        self.offset = offset  # the call's samples before the utterance began
         length = len(item.audio) - len(item.audio) % WINDOW
-        self.ev = Evidence(item.name, item.label, item.voice, item.speech_end, item.pause_end, length)
+        self.ev = Evidence(item.name, item.label, item.voice, item.speech_end, item.pause_end, length, turn=turn)
         self.heard = ""
         self.last_report: float | None = None
 
     def on_evidence(self, kind: str, segment: int, value: float | None) -> None:
         if kind == "speech_end":
             detector = self.call.detector
-            self.ev.pauses.append(Pause(detector.last_speech_end, detector.stream.samples_processed, segment))
+            self.ev.pauses.append(Pause(detector.last_speech_end - self.offset,
+                                        detector.stream.samples_processed - self.offset, segment))
             self.last_report = asyncio.get_running_loop().time()
             return
         pause = next((p for p in reversed(self.ev.pauses) if p.segment == segment), None)
         if pause is None:
             return
-        now = self.call._vad_pos  # the next window the policy is asked after is past this sample
+        now = self.call._vad_pos - self.offset  # the next window the policy is asked after is past this sample
         if kind == "text":
             pause.text_prob, pause.text_ready, pause.text = value, now, self.heard
         else:
@@ -137,7 +150,7 @@ class _Recorder:
         elif event["type"] == "vad" and event.get("kind") == "speech_start" and self.ev.pauses:
             last = self.ev.pauses[-1]
             if last.resumed is None:
-                last.resumed = self.call.detector.stream.samples_processed
+                last.resumed = self.call.detector.stream.samples_processed - self.offset
 
     def call_started(self, call) -> None: ...
     def audio(self, *args) -> None: ...
@@ -155,25 +168,56 @@ class _Recorder:
         return (last.text_ready is not None and last.acoustic_ready is not None) or waited > EVIDENCE_WAIT_S
 
 
-async def _record(item, resources, settings) -> Evidence:
+async def _record(items, resources, settings) -> list[Evidence]:
+    """One call: each utterance in turn, the turn ended at its end (after its last pause's evidence) and the agent's
+    reply generated before the next."""
     from voicepipe.pipeline.session import CallSession
+    from voicepipe.turns.policy import TurnPolicy
 
     observers = Observers()
     call = CallSession(resources, settings, _Sink(), input_rate=RATE, transport="bench", observers=observers)
-    recorder = _Recorder(item, call)
-    observers.add(recorder)
+    out = []
     await call.start()
-    call.turns.on_evidence = recorder.on_evidence
+    pace = _Pace()
     try:
-        while call._reply is not None:  # the greeting, played at once
-            await asyncio.sleep(0.01)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        for i, pos in enumerate(range(0, len(item.audio), CHUNK)):
-            call.push_audio(item.audio[pos:pos + CHUNK])
-            if recorder.done(pos + CHUNK):
-                break
-            await asyncio.sleep(max(0.0, start + (i + 1) * CHUNK / RATE - loop.time()))
+        await pace.until(call, lambda: call._reply is None)  # the greeting, played at once
+        recording = call.turns.policy
+        for turn, item in enumerate(items, start=1):
+            recorder = _Recorder(item, call, turn, offset=call._vad_pos)
+            observers.add(recorder)
+            call.turns.on_evidence = recorder.on_evidence
+            for pos in range(0, len(item.audio), CHUNK):
+                await pace.push(call, item.audio[pos:pos + CHUNK])
+                if recorder.done(pos + CHUNK):
+                    break
+            observers.observers.remove(recorder)
+            out.append(recorder.ev)
+            if turn < len(items):  # end the turn here and let the agent answer, for the next turn's history
+                call.turns.policy = TurnPolicy("silence", settings.turn, 0)
+                await pace.until(call, lambda t=turn: call._turns == t and call._reply is None and call._early is None)
+                call.turns.policy = recording
     finally:
         await call.close()
-    return recorder.ev
+    return out
+
+
+class _Pace:
+    """Feeds a call its caller's audio in 20 ms chunks at real-time pace (silence while it waits for something)."""
+
+    def __init__(self) -> None:
+        self.start = asyncio.get_running_loop().time()
+        self.sent = 0
+
+    async def push(self, call, audio: np.ndarray) -> None:
+        call.push_audio(audio)
+        self.sent += 1
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, self.start + self.sent * CHUNK / RATE - loop.time()))
+
+    async def until(self, call, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        silence = np.zeros(CHUNK, np.int16)
+        for _ in range(int(timeout_s * RATE / CHUNK)):
+            if done():
+                return
+            await self.push(call, silence)
+        raise TimeoutError("the call did not get there within 30 s of audio")

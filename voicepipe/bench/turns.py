@@ -14,6 +14,7 @@ call's `TurnDetector` asks it, with the evidence known by then. Figures:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voicepipe.bench.turn_evidence import RATE, Evidence, collect_evidence, load_evidence, save_evidence
+from voicepipe.bench.turn_evidence import RATE, Evidence, collect_evidence, load_recordings, save_recordings
 from voicepipe.config import Settings, TurnSettings
 from voicepipe.cpu_load import cpu_load as spinning
 from voicepipe.turns.policy import POLICIES, TurnEvidence, TurnPolicy, marked_end
@@ -37,34 +38,41 @@ class Outcome:
     cut_off: bool  # ended before the caller had finished
 
 
-def replay(policy: TurnPolicy, ev: Evidence) -> Outcome:
-    """Where `policy`, asked after every VAD window of every pause with the evidence known by then, first ends
-    the turn. Between two arrivals of evidence the wait it asks for is fixed, so each such span is solved at once:
-    the first window of the span whose silence reaches the wait."""
+def replay(policy: TurnPolicy, ev: Evidence, evidence_wait_ms: float | None = None) -> Outcome:
+    """Where `policy` ends the turn, and when, as a call decides (voicepipe/pipeline/turn_taking.py): at each pause
+    the decision is taken at the first VAD window whose silence reaches the wait that the pause's evidence asks for,
+    before the caller's audio past that window is judged, however late the evidence lands; the caller waits for
+    that window and for the evidence, whichever comes later. Evidence that lands more than `evidence_wait_ms` after
+    the VAD's report of the speech end (default: the policy's setting) counts as missing: the decision then takes
+    the wait without it, and not before that bound."""
+    bound = policy.settings.evidence_wait_ms if evidence_wait_ms is None else evidence_wait_ms
     for pause in ev.pauses:
         stop = ev.processed if pause.resumed is None else pause.resumed
-        changes = sorted({pause.at, stop} | {r for r in (pause.text_ready, pause.acoustic_ready)
-                                             if r is not None and pause.at < r < stop})
-        for begin, end in zip(changes, changes[1:], strict=False):
-            first = pause.at + -(-(begin - pause.at) // WINDOW) * WINDOW  # the first window at or after `begin`
-            sound = _known(pause.acoustic_prob, pause.acoustic_ready, first)
-            evidence = TurnEvidence(0.0, _known(pause.text_prob, pause.text_ready, first), sound,
-                                    marked_end(pause.text))
-            due = pause.end + int(-(-policy.decide(evidence).wait_ms * RATE // 1000))  # the silence is long enough
-            pos = max(first, pause.at + -(-(due - pause.at) // WINDOW) * WINDOW)
-            if pos < end:
-                return _outcome(ev, pos)
+        late = pause.at + int(bound * RATE / 1000)  # where the bound falls, in the utterance's samples
+        text = _in_time(pause.text_prob, pause.text_ready, late)
+        marked = marked_end(pause.text) and text is not None
+        awaited = [pause.text_ready] if policy.uses_text else []
+        sound = None
+        if policy.needs_sound(text, marked):
+            sound = _in_time(pause.acoustic_prob, pause.acoustic_ready, late)
+            awaited.append(pause.acoustic_ready)
+        decision = policy.decide(TurnEvidence(0.0, text, sound, marked))
+        due = pause.end + int(-(-decision.wait_ms * RATE // 1000))  # the silence is long enough
+        pos = max(pause.at, pause.at + -(-(due - pause.at) // WINDOW) * WINDOW)
+        if pos < stop:
+            return _outcome(ev, pos, max([pos, *(late if r is None else min(r, late) for r in awaited)]))
     return Outcome(None, None, False)
 
 
-def _known(value: float | None, ready: int | None, pos: int) -> float | None:
-    return value if ready is not None and pos >= ready else None
+def _in_time(value: float | None, ready: int | None, late: int) -> float | None:
+    return value if ready is not None and ready <= late else None
 
 
-def _outcome(ev: Evidence, pos: int) -> Outcome:
+def _outcome(ev: Evidence, pos: int, answered: int) -> Outcome:
+    """Decided at `pos`; the caller's wait runs to `answered` (the decision, or the evidence it waited for)."""
     finished = ev.speech_end if ev.label == "complete" else ev.pause_end
     cut_off = pos < finished
-    wait = (pos - ev.speech_end) * 1000 / RATE if ev.label == "complete" and not cut_off else None
+    wait = (answered - ev.speech_end) * 1000 / RATE if ev.label == "complete" and not cut_off else None
     return Outcome(pos, wait, cut_off)
 
 
@@ -136,32 +144,82 @@ def _best(name: str, points: list[dict], evidence: list[Evidence], settings: Tur
     return None if best is None else best[1]
 
 
+PER_CALL = 4  # utterances a call plays in turn: the first after the greeting, the others with a conversation's history
+
+
 def run_turns_bench(settings: Settings, cache_dir, progress: Callable[[str], None] = print,
                     sweep: bool = False, evidence_file: Path | None = None, cpu_load: int = 0) -> dict[str, object]:
-    """The whole bench. With `evidence_file`: an existing file is the recorded evidence to replay (no models,
-    no costs measured); else the recording is written there, with `cpu_load` processes spinning beside the calls."""
+    """The whole bench. The labelled set is recorded as calls on a quiet machine and, with `cpu_load`, again beside
+    that many spinning processes, in one run. With `evidence_file`: an existing file holds the recordings to replay
+    (no models, no costs measured); else the recordings are written there."""
     started = time.perf_counter()
     if evidence_file is not None and evidence_file.is_file():
         progress(f"replaying the evidence recorded in {evidence_file}")
-        evidence = load_evidence(evidence_file)
-        report: dict[str, object] = {**flat_report(evidence, settings), "evidence": str(evidence_file)}
+        recordings = load_recordings(evidence_file)
+        report: dict[str, object] = {"evidence": str(evidence_file)}
     else:
-        evidence, costs = _record(settings, cache_dir, progress, cpu_load)
+        recordings, report = _record(settings, cache_dir, progress, cpu_load)
         if evidence_file is not None:
-            save_evidence(evidence, evidence_file)
-        report = {**flat_report(evidence, settings), **costs}
-    report.update(_about(evidence, settings))
+            save_recordings(recordings, evidence_file)
+    quiet = recordings["quiet"]
+    report.update(flat_report(quiet, settings))
+    report.update(default_policy_report(recordings, settings))
+    report.update(_about(quiet, settings))
     if sweep:
         progress("calibrating the thresholds")
-        report["calibration"] = calibrate(evidence, settings.turn)
-    report["pauses"] = [_pause_row(ev, p) for ev in evidence for p in ev.pauses]
+        report["calibration"] = calibrate(quiet, settings.turn)
+    report["pauses"] = [_pause_row(ev, p) for ev in quiet for p in ev.pauses]
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
 
 
+def default_policy_report(recordings: dict[str, list[Evidence]], settings: Settings) -> dict[str, object]:
+    """The configured policy on conversational turns (an utterance scored with its call's history) and, where the run
+    recorded one, on the busy machine against the quiet one: the decisions should be the same (the evidence is
+    the same), the waits a little longer (the evidence lands later)."""
+    policy = TurnPolicy(settings.turn.policy, settings.turn, settings.vad.end_of_turn_silence_ms)
+    quiet = recordings["quiet"]
+    first = score(policy, [ev for ev in quiet if ev.turn == 1])
+    later = score(policy, [ev for ev in quiet if ev.turn > 1])
+    report: dict[str, object] = {
+        "policy": policy.name,
+        "first_turn_false_cutoff_rate": first["false_cutoff_rate"], "first_turn_wait_p50_ms": first["wait_p50_ms"],
+        "conversational_false_cutoff_rate": later["false_cutoff_rate"],
+        "conversational_wait_p50_ms": later["wait_p50_ms"], "conversational_wait_p95_ms": later["wait_p95_ms"],
+        "conversational_utterances": sum(ev.turn > 1 for ev in quiet),
+    }
+    loaded = recordings.get("loaded")
+    if loaded:
+        calm, busy = score(policy, quiet), score(policy, loaded)
+        report.update({
+            "false_cutoff_rate_quiet": calm["false_cutoff_rate"], "false_cutoff_rate_loaded": busy["false_cutoff_rate"],
+            "wait_p50_quiet_ms": calm["wait_p50_ms"], "wait_p50_loaded_ms": busy["wait_p50_ms"],
+            "wait_p50_loaded_over_quiet": (round(busy["wait_p50_ms"] / calm["wait_p50_ms"], 3)
+                                           if calm["wait_p50_ms"] and busy["wait_p50_ms"] is not None else None),
+            "same_decisions_rate": _same_decisions(policy, quiet, loaded),
+            "same_evidence_rate": _same_evidence(quiet, loaded),
+        })
+    return report
+
+
+def _same_decisions(policy: TurnPolicy, quiet: list[Evidence], loaded: list[Evidence]) -> float | None:
+    """The share of utterances the policy ends at the same sample in both recordings."""
+    pairs = list(zip(quiet, loaded, strict=True))
+    return _rate(sum(replay(policy, a).decided_at == replay(policy, b).decided_at for a, b in pairs), len(pairs))
+
+
+def _same_evidence(quiet: list[Evidence], loaded: list[Evidence]) -> float | None:
+    """The share of utterances whose pauses heard the same words with the same probabilities in both recordings."""
+    def seen(ev: Evidence) -> list[tuple]:
+        return [(p.end, p.text, p.text_prob, p.acoustic_prob) for p in ev.pauses]
+
+    pairs = list(zip(quiet, loaded, strict=True))
+    return _rate(sum(seen(a) == seen(b) for a, b in pairs), len(pairs))
+
+
 def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None], cpu_load: int):
-    """Play the labelled set as calls (beside `cpu_load` spinning processes) and record the evidence; measure what
-    one decision's evidence costs."""
+    """Play the labelled set as calls, quiet and then (with `cpu_load`) beside spinning processes, and record the
+    evidence; measure what one decision's evidence costs."""
     from voicepipe.bench.turn_corpus import build_turn_corpus
     from voicepipe.pipeline.resources import call_resources
     from voicepipe.runtime import Runtime
@@ -170,21 +228,27 @@ def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]
     # every policy is scored, so Smart Turn loads whatever the configured policy needs ("on": or a clear error)
     runtime = Runtime(settings.model_copy(update={"turn": settings.turn.model_copy(update={"acoustic": "on"})}))
     runtime.load()
+    recordings: dict[str, list[Evidence]] = {}
     try:
         if runtime.turn is None:
             raise RuntimeError("bench turns needs the acoustic model: run `voicepipe models fetch smart-turn-v3.2`.")
         progress("building the labelled set (cached after the first run)")
-        items = build_turn_corpus(runtime.synthesizer, cache_dir, _every_tenth(progress, "synthesized"))
-        progress(f"playing {len(items)} utterances as calls, in real time, recording the evidence at every pause")
-        with spinning(cpu_load):
-            evidence = collect_evidence(items, call_resources(runtime), settings, _every_tenth(progress, "calls"))
+        items = conversation_order(build_turn_corpus(runtime.synthesizer, cache_dir,
+                                                     _every_tenth(progress, "synthesized")))
+        runs = [("quiet", 0)] + ([("loaded", cpu_load)] if cpu_load else [])
+        for name, load in runs:
+            progress(f"{name}: playing {len(items)} utterances as calls of {PER_CALL} turns, in real time, "
+                     f"recording the evidence at every pause" + (f", beside {load} spinning processes" if load else ""))
+            with spinning(load):
+                recordings[name] = collect_evidence(items, call_resources(runtime), settings,
+                                                    _every_tenth(progress, "utterances"), per_call=PER_CALL)
         progress("the end probe's and Smart Turn's cost")
         probe_ms = _probe_cost(runtime.engine)
         acoustic_ms = _acoustic_cost(runtime.turn, items)
     finally:
         runtime.close()
-    pauses = [p for ev in evidence for p in ev.pauses]
-    return evidence, {
+    pauses = [p for ev in recordings["quiet"] for p in ev.pauses]
+    return recordings, {
         "cpu_load": cpu_load,
         "decision_p95_ms": _pct(probe_ms, 95),
         "decision_p50_ms": _pct(probe_ms, 50),
@@ -193,7 +257,16 @@ def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]
         "text_ready_p95_ms": _ready(pauses, "text", 95),
         "acoustic_ready_p50_ms": _ready(pauses, "acoustic", 50),
         "vad_report_p50_ms": _pct([(p.at - p.end) * 1000 / RATE for p in pauses], 50),
+        **({"text_ready_loaded_p95_ms": _ready([p for ev in recordings["loaded"] for p in ev.pauses], "text", 95),
+            "text_ready_loaded_max_ms": _ready([p for ev in recordings["loaded"] for p in ev.pauses], "text", 100)}
+           if "loaded" in recordings else {}),
     }
+
+
+def conversation_order(items: list) -> list:
+    """The labelled set in a fixed mixed order (complete and paused, voices and rates alternating), so that each
+    call's turns are a mix and every utterance but each call's first is scored with a conversation before it."""
+    return sorted(items, key=lambda item: hashlib.sha256(item.name.encode()).hexdigest())
 
 
 def _about(evidence: list[Evidence], settings: Settings) -> dict[str, object]:
