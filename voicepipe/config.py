@@ -358,6 +358,35 @@ class SipSettings(Section):
     max_message_bytes: int = Field(65536, ge=4096, le=1 << 20)  # larger SIP messages get 513 Message Too Large
 
 
+# Every call transport, by the name a call's record carries (transports/gateway.py's PROVIDERS are the middle five).
+TRANSPORTS = ("native", "twilio", "telnyx", "vonage", "plivo", "exotel", "audiosocket", "webrtc", "sip")
+
+
+class EchoSettings(Section):
+    """Echo cancelling: the agent's own voice taken out of the caller's audio before the VAD and the STT hear it
+    (docs/echo.md). A call's `echo` parameter (true or false) overrides its transport's default."""
+
+    # Per transport: whether its calls cancel echo. Browsers over WebRTC (the softphone, the SIP web phone) cancel
+    # echo themselves.
+    enabled: dict[str, bool] = Field(default_factory=lambda: dict.fromkeys(TRANSPORTS, False))
+    filter_ms: int = Field(200, ge=20, le=1000)  # the echo path the filter learns, after the estimated delay
+    min_delay_ms: int = Field(0, ge=0, le=1000)  # the echo delays searched, from the agent's audio's playout
+    max_delay_ms: int = Field(500, ge=20, le=2000)
+
+    @model_validator(mode="after")
+    def _known_transports_and_delays(self) -> EchoSettings:
+        unknown = sorted(set(self.enabled) - set(TRANSPORTS))
+        if unknown:
+            raise ValueError(f"echo.enabled: unknown transports {unknown}; known: {list(TRANSPORTS)}")
+        if self.min_delay_ms >= self.max_delay_ms:
+            raise ValueError(f"echo.min_delay_ms ({self.min_delay_ms}) must be under max_delay_ms "
+                             f"({self.max_delay_ms})")
+        return self
+
+    def enabled_for(self, transport: str) -> bool:
+        return self.enabled.get(transport, False)
+
+
 class ObservabilitySettings(Section):
     """The call store, the Prometheus metrics and call recordings."""
 
@@ -402,6 +431,7 @@ class Settings(BaseSettings):
     tts: TTSSettings = Field(default_factory=TTSSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     calls: CallSettings = Field(default_factory=CallSettings)
+    echo: EchoSettings = Field(default_factory=EchoSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     sip: SipSettings = Field(default_factory=SipSettings)
 

@@ -32,6 +32,7 @@ class FarEndReference:
         self.rate = rate
         self.capacity = int(rate * capacity_s)
         self.sent = 0  # samples appended so far, cleared ones included: the offsets marks refer to
+        self.received = 0  # input samples the call has taken so far: the input position of "now"
         self._segments: list[_Segment] = []
 
     @property
@@ -66,16 +67,18 @@ class FarEndReference:
         self._segments = kept
         return dropped
 
-    def mark(self, offset: int, at: int) -> bool:
+    def mark(self, offset: int, at: int, tolerance: int = 0) -> bool:
         """The provider says sent sample `offset` played at input position `at`: that sample and everything
         after it move there (a later playout than the pacing guessed leaves a gap of silence; an earlier one
-        cuts the tail of what came before, which cannot still be playing). False when `offset` is not held
-        (cleared, forgotten, or not sent yet)."""
+        cuts the tail of what came before, which cannot still be playing), unless it already sits within
+        `tolerance` samples of `at`. False when `offset` is not held (cleared, forgotten, or not sent yet)."""
         index = next((i for i, s in enumerate(self._segments) if s.offset <= offset < s.offset + len(s.audio)), None)
         if index is None:
             return False
         seg = self._segments[index]
         split = offset - seg.offset
+        if abs(seg.at + split - at) <= tolerance:
+            return True
         if split:
             head = _Segment(seg.at, seg.offset, seg.audio[:split])
             seg = _Segment(seg.at + split, offset, seg.audio[split:])

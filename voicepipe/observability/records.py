@@ -10,6 +10,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# A call's metadata key for its echo canceller's figures: {"delay_ms": the estimated echo delay (None: no echo
+# found), "erle_db": the echo return loss enhancement (None: no echo found)}, set when the call ends.
+ECHO_METADATA = "echo_canceller"
+
 
 @dataclass
 class TurnRecord:
@@ -50,7 +54,8 @@ class CallRecord:
     ended: float | None = None
     end_reason: str | None = None
     outcome: str | None = None  # "completed", "dropped" (the client vanished), "idle_timeout", "error"
-    metadata: dict[str, Any] = field(default_factory=dict)  # what the caller's start message carried
+    # What the caller's start message carried, and at the end, under ECHO_METADATA, the echo canceller's figures
+    metadata: dict[str, Any] = field(default_factory=dict)
     system_prompt: str = ""
     greeting: str | None = None
     greeting_heard: str | None = None

@@ -48,6 +48,9 @@ class AgentOutput(Protocol):
         """A call event for clients that show them (native protocol): transcript, agent_text, turn, transfer."""
 
     # A transport that can send keys on the line also has `can_send_dtmf = True` and `send_dtmf(digits)`.
+    # A transport that keeps what it played for the echo canceller also has `far_end_reference(rate)`: from then on
+    # it keeps its played audio at `rate` in an `echo.reference.FarEndReference` on the call's input timeline (the
+    # call advances its `received` as it takes the caller's audio), and returns it.
 
     # A transport also reports back to the call: `CallSession.agent_audio_sent(turn, samples, rate)` as it sends
     # agent audio, and `CallSession.note(event_type, **data)` for its own events (marks, clears).

@@ -44,8 +44,9 @@ from voicepipe.audio import StreamResampler
 from voicepipe.config import CallSettings, Settings
 from voicepipe.llm.errors import LLMError
 from voicepipe.observability.hooks import Observers
-from voicepipe.observability.records import CallRecord, TurnRecord
+from voicepipe.observability.records import ECHO_METADATA, CallRecord, TurnRecord
 from voicepipe.observability.timeline import derive_timings
+from voicepipe.pipeline.call_echo import echo_figures, open_echo_path
 from voicepipe.pipeline.call_types import AgentOutput, CallState, _Reply
 from voicepipe.pipeline.early_reply import EarlyReplies
 from voicepipe.pipeline.housekeeping import Housekeeping
@@ -101,6 +102,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self.state = CallState.LISTENING
         self.input_rate = input_rate
         self._resampler = StreamResampler(input_rate, PIPELINE_RATE) if input_rate != PIPELINE_RATE else None
+        self._echo = open_echo_path(settings, transport, params, output, PIPELINE_RATE, self.call_id)
         self.session = None  # llm Session
         self.detector = None
         self.turns: TurnTaking | None = None
@@ -201,6 +203,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             self.record.ended = time.time()
             self.record.end_reason = reason
             self.record.outcome = call_outcome(reason, self.record.error)
+            if self._echo is not None:
+                self.record.metadata[ECHO_METADATA] = echo_figures(self._echo)
             self.ended.set()
             self.observers.call_ended(self.record)
             log.info("call %s ended (%s) after %d turns", self.call_id, reason, self._turns)
@@ -218,6 +222,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                                                "rate": self.input_rate})
             if audio.size:
                 self.observers.audio(self.record, "caller", audio, PIPELINE_RATE, now)
+        if self._echo is not None:  # the recording keeps what the caller sent; the VAD and the STT hear it cleaned
+            audio = self._echo.process(audio)
         if audio.size == 0:
             return
         self._received += len(audio)

@@ -21,11 +21,13 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketState
 
 from voicepipe.auth import MAX_CALL_ID_CHARS, is_call_id
+from voicepipe.echo.playout import PlayedAudio
+from voicepipe.echo.reference import FarEndReference
 from voicepipe.observability.hooks import Observers
 from voicepipe.pipeline import CallRegistry, CallSession
 from voicepipe.transports.events import Dtmf, Mark, Media, Start, Stop, TransportError
 from voicepipe.transports.limits import MessageRate
-from voicepipe.transports.playback import Heard, PlaybackController
+from voicepipe.transports.playback import Heard, MarkStatus, PlaybackController
 from voicepipe.transports.serializers import Serializer
 from voicepipe.transports.serializers.native import NativeSerializer
 
@@ -72,6 +74,7 @@ class Connection:
         self._released: dict[object, int] = {}  # turn -> end of its audio heard and released (this generation)
         self.clock = time.monotonic
         self._rate: MessageRate | None = None  # calls.max_messages_per_s, from the first message on
+        self._played: PlayedAudio | None = None  # what the caller heard, for the call's echo canceller
 
     # -- the read loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -142,7 +145,9 @@ class Connection:
                 self.call.push_audio(event.audio)
         elif isinstance(event, Mark):
             if self.pb is not None:
-                self.pb.on_mark(event.name)
+                played = self.pb.on_mark(event.name) is MarkStatus.PLAYED
+                if played and self._played is not None:
+                    self._played.played(event.name)
                 self._wake.set()
             if self.call is not None:
                 self.call.note("mark", name=event.name)
@@ -264,7 +269,10 @@ class Connection:
                 return
             now = self.clock()
             self._release_heard(pb, now)
+            lead = pb.lead(now)
             for chunk in [] if self._held else pb.poll(now):
+                if self._played is not None:
+                    self._played.sent(chunk.audio, lead, chunk.mark)
                 frames = ser.encode_audio(chunk.audio)
                 if chunk.mark is not None:
                     frames += ser.encode_mark(chunk.mark)
@@ -322,11 +330,18 @@ class Connection:
         released = [Heard((turn, 0, end), end, end) for turn, end in self._released.items()]
         self._released = {}
         result = self.pb.clear(now)
+        if self._played is not None:
+            self._played.cleared()
         self._send(self.ser.encode_clear())
         if self.call is not None:
             self.call.note("clear")
         self._wake.set()
         return released + result.heard
+
+    def far_end_reference(self, rate: int) -> FarEndReference:
+        if self._played is None:
+            self._played = PlayedAudio(FarEndReference(rate), self.sample_rate, clears=self.ser.supports_clear)
+        return self._played.reference
 
     def hold(self, on: bool) -> None:
         if on == self._held:

@@ -1,0 +1,243 @@
+"""Echo cancelling in a call: the connection keeps what it played on the call's input timeline (sent audio placed
+where it plays, moved by marks, dropped by a clear), and the call cleans its caller's audio before the VAD hears it
+when the call cancels echo, and hands it over untouched when it does not.
+
+The models are the scripted stand-ins of tests/pipeline_fakes.py; the echo is `echo.simulate`'s synthetic path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tests.pipeline_fakes import FakeDetector, fake_call_resources
+from voicepipe.audio import StreamResampler
+from voicepipe.config import Settings
+from voicepipe.echo.playout import PlayedAudio
+from voicepipe.echo.reference import FarEndReference
+from voicepipe.echo.simulate import echo_of, microphone, spoken
+from voicepipe.observability.records import ECHO_METADATA
+from voicepipe.pipeline import CallRegistry, CallSession
+from voicepipe.pipeline.call_echo import wants_echo_cancelling
+from voicepipe.transports.connection import Connection
+from voicepipe.transports.serializers import make_caller_serializer, make_serializer
+
+RATE = 16000  # the call's input timeline, where the canceller runs
+FRAME = 320  # one caller frame of 20 ms, at RATE
+SLACK = 64  # samples a resampler holds back (32 at 8 to 16 kHz), with room to spare
+
+
+def echo_settings(**enabled: bool) -> Settings:
+    settings = Settings()
+    settings.calls.greeting = None
+    settings.echo.enabled = {**settings.echo.enabled, **enabled}
+    return settings
+
+
+class RecordingDetector(FakeDetector):
+    """The VAD's stand-in, keeping every sample it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: list[np.ndarray] = []
+
+    def push(self, audio: np.ndarray):
+        self.heard.append(audio)
+        return super().push(audio)
+
+
+@pytest.fixture(autouse=True)
+def scripted_vad(monkeypatch):
+    monkeypatch.setattr(CallSession, "_make_detector", lambda self: RecordingDetector())
+
+
+class Phone:
+    """A Twilio media stream's far end over a fake socket: it sends what the test says, and keeps what it gets."""
+
+    def __init__(self) -> None:
+        self.wire = make_caller_serializer("twilio")
+        self.inbound: asyncio.Queue[dict] = asyncio.Queue()
+        self.marks: list[str] = []
+        self._mic = StreamResampler(8000, RATE)  # what the call makes of the microphone's audio
+        self.talked = 0  # its samples at RATE, the input position the call reaches once it has taken them
+
+    async def receive(self) -> dict:
+        return await self.inbound.get()
+
+    async def send_text(self, text: str) -> None:
+        self.marks += [value for kind, value in self.wire.parse(text) if kind == "mark"]
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        pass
+
+    async def say(self, frames: list) -> None:
+        for frame in frames:
+            await self.inbound.put({"type": "websocket.receive", "text": frame})
+
+    async def talk(self, frames: int) -> None:
+        """`frames` 20 ms frames of silence from the caller's microphone."""
+        for _ in range(frames):
+            await self.say(self.wire.audio(np.zeros(160, np.int16)))
+            self.talked += len(self._mic.process(np.zeros(160, np.int16)))
+
+
+async def until(condition, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+async def talk(phone: Phone, ref: FarEndReference, frames: int) -> None:
+    await phone.talk(frames)
+    await until(lambda: ref.received == phone.talked)
+
+
+def sounding(ref: FarEndReference, start: int, count: int) -> bool:
+    return bool(np.abs(ref.window(start, count)).max() > 0)
+
+
+def test_the_connection_keeps_what_played_where_it_played_across_marks_and_a_clear() -> None:
+    async def main():
+        phone, registry = Phone(), CallRegistry()
+        conn = Connection(phone, "twilio", make_serializer("twilio"), echo_settings(twilio=True),
+                          fake_call_resources(), registry)
+        run = asyncio.create_task(conn.run())
+        await phone.say(phone.wire.start())
+        await until(lambda: registry.active)
+        call = next(iter(registry.active.values()))
+        ref = call._echo.reference
+        assert ref is conn._played.reference and ref.rate == RATE
+
+        await talk(phone, ref, 5)
+        t0 = ref.received
+        tone = np.full(1600, 8000, np.int16)  # 200 ms at the wire's 8 kHz: sent at once (calls.max_lead_ms)
+        conn.play(tone, (1, 0, len(tone)))
+        await until(lambda: len(phone.marks) == 10)
+        assert sounding(ref, t0 + SLACK, 10 * FRAME - 2 * SLACK) and not sounding(ref, 0, t0)  # plays from now
+        assert not sounding(ref, t0 + 10 * FRAME, 10 * FRAME)
+
+        await talk(phone, ref, 10)  # the phone plays it 200 ms later than sent, and says so chunk by chunk
+        for mark in phone.marks:
+            await talk(phone, ref, 1)
+            await phone.say(phone.wire.mark_ack(mark))
+        await until(lambda: not sounding(ref, t0, 5 * FRAME))
+        t1 = ref.received
+        assert sounding(ref, t0 + 10 * FRAME + SLACK, 10 * FRAME - 2 * SLACK)
+        assert not sounding(ref, t0, 10 * FRAME - SLACK) and not sounding(ref, t1 + SLACK, 10 * FRAME)
+
+        await asyncio.sleep(0.25)  # the first tone has played out by the connection's clock too
+        conn.play(tone, (2, 0, len(tone)))
+        await until(lambda: len(phone.marks) == 20)
+        await talk(phone, ref, 4)
+        t2 = ref.received
+        conn.clear()  # barge-in 80 ms into the reply: the rest never plays
+        assert sounding(ref, t1 + SLACK, 4 * FRAME - 2 * SLACK)
+        assert not sounding(ref, t2, 20 * FRAME)
+
+        await conn.cleanup()
+        run.cancel()
+
+    asyncio.run(main())
+
+
+def test_audio_sent_where_the_far_end_cannot_clear_it_still_plays_and_marks_within_a_frame_move_nothing() -> None:
+    ref = FarEndReference(RATE)
+    played = PlayedAudio(ref, RATE, clears=False)  # AudioSocket: its peer plays what it was sent
+    played.sent(np.full(FRAME, 1000, np.int16), lead_s=0.0, mark="m1")
+    played.sent(np.full(FRAME, 1000, np.int16), lead_s=0.0, mark="m2")
+    ref.received = 2 * FRAME + 300  # the mark says its chunk ended 300 samples (19 ms) later than placed
+    played.played("m2")
+    placed = ref.window(0, 4 * FRAME)
+    assert np.abs(placed[:2 * FRAME]).min() > 0 and not placed[2 * FRAME:].any()
+    ref.received = 2 * FRAME + 1000  # said twice, and now 1000 samples late: it moves nothing the second time
+    played.played("m2")
+    played.cleared()
+    assert np.array_equal(ref.window(0, 4 * FRAME), placed)
+
+
+def call_with(settings: Settings, params: dict, output) -> tuple[CallSession, RecordingDetector]:
+    call = CallSession(fake_call_resources(), settings, output, input_rate=RATE, transport="twilio",
+                       parameters=params)
+    return call, call._make_detector()
+
+
+class PlayedOutput:
+    """An AgentOutput that keeps a reference the test fills."""
+
+    sample_rate = 8000
+
+    def __init__(self) -> None:
+        self.reference: FarEndReference | None = None
+
+    def far_end_reference(self, rate: int) -> FarEndReference:
+        self.reference = FarEndReference(rate, capacity_s=30.0)
+        return self.reference
+
+    def play(self, audio, origin) -> None:
+        pass
+
+    def end_of_reply(self) -> None:
+        pass
+
+    def is_playing(self) -> bool:
+        return False
+
+    def heard(self) -> list:
+        return []
+
+    def clear(self) -> list:
+        return []
+
+    def hold(self, on: bool) -> None:
+        pass
+
+    def event(self, kind: str, **data) -> None:
+        pass
+
+
+@pytest.mark.parametrize("echo", ["true", "false"])
+def test_the_callers_audio_reaches_the_vad_cleaned_of_the_echo_only_when_the_call_cancels_it(echo) -> None:
+    far = spoken("The agent reads out a long answer about the opening hours of the library and its branches, "
+                 "and then the list of books that are due back next week.", RATE)[: 8 * RATE]
+    near = microphone(echo_of(far, RATE, delay_ms=150, level_db=-10), np.zeros_like(far))
+    caller = (near * 32768).astype(np.int16)
+
+    async def main():
+        output = PlayedOutput()
+        call, detector = call_with(echo_settings(twilio=True), {"echo": echo}, output)
+        call._make_detector = lambda: detector
+        await call.start()
+        if output.reference is not None:
+            output.reference.append(far, at=0)
+        for i in range(0, len(caller), FRAME):
+            call.push_audio(caller[i:i + FRAME])
+        await call.close()
+        return call, np.concatenate(detector.heard)
+
+    call, heard = asyncio.run(main())
+    tail = slice(-3 * RATE, None)  # the canceller converges within the first seconds (docs/echo.md)
+    erle = 10 * np.log10(np.mean(caller[tail].astype(float) ** 2) / np.mean(heard[tail].astype(float) ** 2))
+    if echo == "false":
+        assert np.array_equal(heard, caller) and ECHO_METADATA not in call.record.metadata
+        return
+    assert erle > 15, erle
+    figures = call.record.metadata[ECHO_METADATA]
+    assert abs(figures["delay_ms"] - 150) <= 2 and figures["erle_db"] > 10, figures
+
+
+@pytest.mark.parametrize(("transport", "params", "allow", "expected"), [
+    ("twilio", {}, True, True),
+    ("webrtc", {}, True, False),
+    ("webrtc", {"echo": True}, True, True),
+    ("twilio", {"echo": " Off "}, True, False),
+    ("twilio", {"echo": ["no"]}, True, True),  # not a yes or a no: the transport's default
+    ("twilio", {"echo": "false"}, False, True),  # overrides not allowed
+])
+def test_a_calls_echo_parameter_overrides_its_transports_default(transport, params, allow, expected) -> None:
+    settings = echo_settings(twilio=True, webrtc=False)
+    settings.calls.allow_overrides = allow
+    assert wants_echo_cancelling(settings, transport, params) is expected

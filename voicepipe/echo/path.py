@@ -1,0 +1,66 @@
+"""One call's echo cancelling: the caller's audio, cleaned of the agent's echo, in whole frames.
+
+The transport keeps what the agent played in a `FarEndReference` on the call's input timeline; `EchoPath` takes
+the caller's audio as it comes, advances the reference's "now" by it, estimates the echo's delay against the
+reference (`DelayEstimator`), and runs the canceller on each frame with the reference read that far back
+(`reference_lag`). Until the first delay reading the audio passes through as it came.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from voicepipe.audio.l16 import float32_to_int16, int16_to_float32, require_dtype
+from voicepipe.echo.canceller import EchoCanceller, reference_lag
+from voicepipe.echo.delay import MIN_REFERENCE_RMS, DelayEstimator
+from voicepipe.echo.reference import FarEndReference
+
+
+class EchoPath:
+    """Cancels the echo of `reference` in the caller's audio (int16 at the reference's rate)."""
+
+    def __init__(self, reference: FarEndReference, filter_ms: float = 200.0, min_delay_ms: float = 0.0,
+                 max_delay_ms: float = 500.0) -> None:
+        self.reference = reference
+        self.rate = reference.rate
+        self.canceller = EchoCanceller(self.rate, filter_ms=filter_ms)
+        self.delay = DelayEstimator(self.rate, min_delay_ms, max_delay_ms)
+        self._pending = np.zeros(0, np.int16)  # the caller's audio short of a whole frame
+        self._position = 0  # input position of the first pending sample
+        self._echo_in = 0.0  # the input's and the output's energy over the frames the echo's reference sounded in
+        self._echo_out = 0.0
+
+    @property
+    def erle_db(self) -> float | None:
+        """Echo return loss enhancement: input over output energy in the frames with the agent's audio at the
+        echo's delay (the caller talking over it counts too, so it understates the canceller). None before any."""
+        if self._echo_in <= 0.0:
+            return None
+        return round(10 * math.log10(self._echo_in / max(self._echo_out, 1e-12)), 1)
+
+    def process(self, samples: np.ndarray) -> np.ndarray:
+        """The caller's next audio in; the cleaned audio of the whole frames it completes out (the rest waits)."""
+        samples = require_dtype(samples, np.int16)
+        ref = self.reference
+        self.delay.push(ref.window(ref.received, len(samples)), int16_to_float32(samples))
+        ref.received += len(samples)
+        pending = np.concatenate([self._pending, samples])
+        frame = self.canceller.frame
+        whole = len(pending) - len(pending) % frame
+        out = [self._frame(pending[i:i + frame]) for i in range(0, whole, frame)]
+        self._pending = pending[whole:]
+        return np.concatenate(out) if out else np.zeros(0, np.int16)
+
+    def _frame(self, near: np.ndarray) -> np.ndarray:
+        at, self._position = self._position, self._position + len(near)
+        delay = self.delay.delay
+        if delay is None:
+            return near
+        far = self.reference.window(at - reference_lag(delay, self.rate), len(near))
+        out = self.canceller.process(near, float32_to_int16(far))
+        if np.sqrt(np.mean(np.square(far))) >= MIN_REFERENCE_RMS:
+            self._echo_in += float(np.sum(np.square(near, dtype=np.float64)))
+            self._echo_out += float(np.sum(np.square(out, dtype=np.float64)))
+        return out
