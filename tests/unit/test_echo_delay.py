@@ -75,3 +75,12 @@ def test_silent_reference_gives_no_delay(caller):
 def test_chunks_of_unequal_length_are_refused():
     with pytest.raises(ValueError, match="differ in length"):
         DelayEstimator(RATE).push(np.zeros(160, np.float32), np.zeros(80, np.float32))
+
+
+@pytest.mark.parametrize("delay_ms", [0, 500])
+def test_a_peak_at_an_end_of_the_searched_lags_is_no_reading(agent, delay_ms):
+    """Echo exactly at the shortest or the longest lag searched (0 and 500 ms) cannot be told from the edge of a
+    wider peak beyond it; in calls such readings were spurious, so none is taken."""
+    shift = int(RATE * delay_ms / 1000)
+    mic = np.concatenate([np.zeros(shift, np.float32), 0.3 * agent])[: len(agent)]
+    assert estimate(agent, mic).delay is None

@@ -91,9 +91,21 @@ async def until(condition, timeout: float = 5.0) -> None:
     raise AssertionError("condition not reached")
 
 
-async def talk(phone: Phone, ref: FarEndReference, frames: int) -> None:
-    await phone.talk(frames)
-    await until(lambda: ref.received == phone.talked)
+class Clock:
+    """The connection's clock, moved by the test: the caller's frames arrive 20 ms apart, at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def talk(phone: Phone, ref: FarEndReference, clock: Clock, frames: int) -> None:
+    for _ in range(frames):
+        clock.now += 0.02
+        await phone.talk(1)
+        await until(lambda: ref.received == phone.talked)
 
 
 def sounding(ref: FarEndReference, start: int, count: int) -> bool:
@@ -105,6 +117,7 @@ def test_the_connection_keeps_what_played_where_it_played_across_marks_and_a_cle
         phone, registry = Phone(), CallRegistry()
         conn = Connection(phone, "twilio", make_serializer("twilio"), echo_settings(twilio=True),
                           fake_call_resources(), registry)
+        conn.clock = clock = Clock()
         run = asyncio.create_task(conn.run())
         await phone.say(phone.wire.start())
         await until(lambda: registry.active)
@@ -112,7 +125,7 @@ def test_the_connection_keeps_what_played_where_it_played_across_marks_and_a_cle
         ref = call._echo.reference
         assert ref is conn._played.reference and ref.rate == RATE
 
-        await talk(phone, ref, 5)
+        await talk(phone, ref, clock, 5)
         t0 = ref.received
         tone = np.full(1600, 8000, np.int16)  # 200 ms at the wire's 8 kHz: sent at once (calls.max_lead_ms)
         conn.play(tone, (1, 0, len(tone)))
@@ -120,23 +133,24 @@ def test_the_connection_keeps_what_played_where_it_played_across_marks_and_a_cle
         assert sounding(ref, t0 + SLACK, 10 * FRAME - 2 * SLACK) and not sounding(ref, 0, t0)  # plays from now
         assert not sounding(ref, t0 + 10 * FRAME, 10 * FRAME)
 
-        await talk(phone, ref, 10)  # the phone plays it 200 ms later than sent, and says so chunk by chunk
+        await talk(phone, ref, clock, 10)  # the phone plays it 200 ms later than sent, and says so chunk by chunk
         for mark in phone.marks:
-            await talk(phone, ref, 1)
+            await talk(phone, ref, clock, 1)
             await phone.say(phone.wire.mark_ack(mark))
         await until(lambda: not sounding(ref, t0, 5 * FRAME))
-        t1 = ref.received
-        assert sounding(ref, t0 + 10 * FRAME + SLACK, 10 * FRAME - 2 * SLACK)
-        assert not sounding(ref, t0, 10 * FRAME - SLACK) and not sounding(ref, t1 + SLACK, 10 * FRAME)
+        # the first mark moved it 11 frames on (the later ones agree with that within a frame)
+        assert sounding(ref, t0 + 11 * FRAME, 10 * FRAME - 2 * SLACK)
+        assert not sounding(ref, t0, 10 * FRAME) and not sounding(ref, t0 + 21 * FRAME, 10 * FRAME)
 
-        await asyncio.sleep(0.25)  # the first tone has played out by the connection's clock too
+        await talk(phone, ref, clock, 10)  # the tone has played out by the connection's clock too
+        t2 = ref.received
         conn.play(tone, (2, 0, len(tone)))
         await until(lambda: len(phone.marks) == 20)
-        await talk(phone, ref, 4)
-        t2 = ref.received
+        await talk(phone, ref, clock, 4)
+        t3 = ref.received
         conn.clear()  # barge-in 80 ms into the reply: the rest never plays
-        assert sounding(ref, t1 + SLACK, 4 * FRAME - 2 * SLACK)
-        assert not sounding(ref, t2, 20 * FRAME)
+        assert sounding(ref, t2 + SLACK, t3 - t2 - 2 * SLACK)
+        assert not sounding(ref, t3, 20 * FRAME)
 
         await conn.cleanup()
         run.cancel()
@@ -144,19 +158,32 @@ def test_the_connection_keeps_what_played_where_it_played_across_marks_and_a_cle
     asyncio.run(main())
 
 
-def test_audio_sent_where_the_far_end_cannot_clear_it_still_plays_and_marks_within_a_frame_move_nothing() -> None:
+def test_audio_sent_where_the_far_end_cannot_clear_it_still_plays_and_marks_within_tolerance_move_nothing() -> None:
     ref = FarEndReference(RATE)
     played = PlayedAudio(ref, RATE, clears=False)  # AudioSocket: its peer plays what it was sent
-    played.sent(np.full(FRAME, 1000, np.int16), lead_s=0.0, mark="m1")
-    played.sent(np.full(FRAME, 1000, np.int16), lead_s=0.0, mark="m2")
-    ref.received = 2 * FRAME + 300  # the mark says its chunk ended 300 samples (19 ms) later than placed
-    played.played("m2")
-    placed = ref.window(0, 4 * FRAME)
+    played.sent(np.full(FRAME, 1000, np.int16), now=0.0, lead_s=0.0, mark="m1")
+    played.sent(np.full(FRAME, 1000, np.int16), now=0.0, lead_s=0.0, mark="m2")
+    ref.received = 2 * FRAME + 1000  # the mark says its chunk ended 1000 samples (62 ms) later than placed
+    played.played("m2", now=0.0)
+    placed = ref.window(0, 8 * FRAME)
     assert np.abs(placed[:2 * FRAME]).min() > 0 and not placed[2 * FRAME:].any()
-    ref.received = 2 * FRAME + 1000  # said twice, and now 1000 samples late: it moves nothing the second time
-    played.played("m2")
-    played.cleared()
-    assert np.array_equal(ref.window(0, 4 * FRAME), placed)
+    ref.received = 2 * FRAME + 3000  # said twice, and now 3000 samples late: it moves nothing the second time
+    played.played("m2", now=0.0)
+    played.cleared(now=0.0)
+    assert np.array_equal(ref.window(0, 8 * FRAME), placed)
+
+
+def test_audio_is_placed_by_the_callers_pace_not_by_how_much_of_their_audio_came_late() -> None:
+    ref = FarEndReference(RATE)
+    played = PlayedAudio(ref, RATE)
+    for n in range(1, 11):  # on time: frame n arrives at n * 20 ms
+        ref.received += FRAME
+        played.arrived(n * 0.02)
+    for _ in range(2):  # by 300 ms only two more have come: the line is holding three
+        ref.received += FRAME
+        played.arrived(0.3)
+    played.sent(np.full(FRAME, 1000, np.int16), now=0.3, lead_s=0.02)
+    assert not sounding(ref, 0, 16 * FRAME) and sounding(ref, 16 * FRAME, FRAME)
 
 
 def call_with(settings: Settings, params: dict, output) -> tuple[CallSession, RecordingDetector]:

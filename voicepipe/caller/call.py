@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from voicepipe.caller.echo import SpeakerEcho
 from voicepipe.caller.line import Line
 from voicepipe.caller.links import endpoint_url, http_url, open_link
 from voicepipe.caller.playout import RECORD_RATE
@@ -42,9 +43,11 @@ async def run_call(
     fetch_record: bool = True,
     record_url: str | None = None,
     sync_with_server: bool = True,
+    echo: SpeakerEcho | None = None,
 ) -> CallResult:
     """One call over `transport` at `url` (e.g. ws://127.0.0.1:8000/ws/twilio), speaking `utterances` in turn
-    (see caller/turns.py); `record_path` gets the agent's audio as played."""
+    (see caller/turns.py); `record_path` gets the agent's audio as played; `echo`: the caller's microphone picks
+    up the agent."""
 
     async def turns(line: Line, server: ServerState | None) -> None:
         await converse(line, utterances, server, greeting_wait_s=greeting_wait_s, reply_timeout_s=reply_timeout_s,
@@ -52,7 +55,7 @@ async def run_call(
 
     return await scripted_call(url, transport, turns, params=params, token=token, call_id=call_id,
                        record_path=record_path, fetch_record=fetch_record, record_url=record_url,
-                       sync_with_server=sync_with_server)
+                       sync_with_server=sync_with_server, echo=echo)
 
 
 async def play_call(
@@ -95,7 +98,7 @@ async def call_wav(url: str, transport: str, wav: Path, **options: Any) -> CallR
 async def scripted_call(url: str, transport: str, turns: TurnTaking, *, params: dict[str, Any] | None = None,
                         token: str | None = None, call_id: str | None = None, record_path: Path | None = None,
                         fetch_record: bool = True, record_url: str | None = None,
-                        sync_with_server: bool = True) -> CallResult:
+                        sync_with_server: bool = True, echo: SpeakerEcho | None = None) -> CallResult:
     """Connect as the provider would, run `turns(line, server_state)`, hang up (unless `turns` closed the line
     itself: then no stop message is sent), collect the results. `run_call` and `play_call` are two scripts; the
     soak bench has more (bad frames, abrupt hang-ups)."""
@@ -103,7 +106,7 @@ async def scripted_call(url: str, transport: str, turns: TurnTaking, *, params: 
     result = CallResult(transport, wire.call_id, started=time.monotonic())
     api = http_url(wire, url, record_url)
     async with open_link(wire, url) as link:
-        line = Line(link, wire, result)
+        line = Line(link, wire, result, echo)
         await line.send(wire.start())
         tasks = [asyncio.create_task(line.receiver()), asyncio.create_task(line.sender())]
         server = ServerState(api, wire.call_id, token) if sync_with_server and api else None

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from voicepipe.caller.echo import SpeakerEcho
 from voicepipe.caller.pacing import Pacer
 from voicepipe.caller.playout import Playout
 from voicepipe.caller.report import CallResult, ClientTurn
@@ -20,8 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class Line:
-    def __init__(self, link: Any, wire: CallerSerializer, result: CallResult) -> None:
+    def __init__(self, link: Any, wire: CallerSerializer, result: CallResult, echo: SpeakerEcho | None = None) -> None:
         self.link = link
+        self.echo = echo  # the agent's audio as the caller's microphone picks it up
         self.wire = wire
         self.result = result
         self.pacer = Pacer(wire.rate)
@@ -48,6 +50,8 @@ class Line:
         try:
             for key in self.pacer.keys_due:
                 await self.send(self.wire.dtmf(key))
+            if self.echo is not None:
+                pcm16 = self.echo.mix(pcm16, time.monotonic())
             await self.send(self.wire.audio(pcm16))
         except Exception as exc:
             log.info("the call's line failed to send (%s: %s): hanging up", type(exc).__name__, exc)
@@ -85,6 +89,8 @@ class Line:
     async def _on(self, kind: str, value: Any) -> None:
         now = time.monotonic()
         if kind == "audio":
+            if self.echo is not None:
+                self.echo.played(value, max(self.playout.play_end, now))
             self.result.note_audio(now, self.playout.play(value, now), self.current)
         elif kind == "mark":
             self.playout.mark(value)
@@ -92,6 +98,8 @@ class Line:
         elif kind == "clear":
             self.result.note_clear(now, self.pacer.speaking)
             pending = self.playout.clear(now)
+            if self.echo is not None:
+                self.echo.cleared(now)
             frames = [f for name in pending for f in self.wire.mark_ack(name)] + self.wire.clear_ack()
             self.result.marks_acked += len(pending)
             if frames:

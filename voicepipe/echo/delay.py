@@ -90,4 +90,6 @@ class DelayEstimator:
         best = int(np.argmax(searched))
         if searched[best] < MIN_PEAK_RATIO * np.mean(np.abs(searched)):
             return None
+        if best in (0, len(searched) - 1):  # a peak at an end of the searched lags was not located: seen in calls
+            return None
         return self.min_lag + best

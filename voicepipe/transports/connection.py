@@ -143,11 +143,13 @@ class Connection:
         if isinstance(event, Media):
             if self.call is not None:
                 self.call.push_audio(event.audio)
+                if self._played is not None:
+                    self._played.arrived(self.clock())
         elif isinstance(event, Mark):
             if self.pb is not None:
                 played = self.pb.on_mark(event.name) is MarkStatus.PLAYED
                 if played and self._played is not None:
-                    self._played.played(event.name)
+                    self._played.played(event.name, self.clock())
                 self._wake.set()
             if self.call is not None:
                 self.call.note("mark", name=event.name)
@@ -272,7 +274,7 @@ class Connection:
             lead = pb.lead(now)
             for chunk in [] if self._held else pb.poll(now):
                 if self._played is not None:
-                    self._played.sent(chunk.audio, lead, chunk.mark)
+                    self._played.sent(chunk.audio, now, lead, chunk.mark)
                 frames = ser.encode_audio(chunk.audio)
                 if chunk.mark is not None:
                     frames += ser.encode_mark(chunk.mark)
@@ -331,7 +333,7 @@ class Connection:
         self._released = {}
         result = self.pb.clear(now)
         if self._played is not None:
-            self._played.cleared()
+            self._played.cleared(now)
         self._send(self.ser.encode_clear())
         if self.call is not None:
             self.call.note("clear")
