@@ -235,7 +235,7 @@ def test_the_callers_audio_reaches_the_vad_cleaned_of_the_echo_only_when_the_cal
 
     async def main():
         output = PlayedOutput()
-        call, detector = call_with(echo_settings(twilio=True), {"echo": echo}, output)
+        call, detector = call_with(echo_settings(twilio=True), {"echo": echo, ECHO_METADATA: "sent"}, output)
         call._make_detector = lambda: detector
         await call.start()
         if output.reference is not None:

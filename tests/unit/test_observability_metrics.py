@@ -13,7 +13,7 @@ from voicepipe.llm.sampling import SamplingParams
 from voicepipe.llm.session import Session
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.metrics import Metrics, turn_bucket
-from voicepipe.observability.records import CallRecord, TurnRecord
+from voicepipe.observability.records import ECHO_METADATA, CallRecord, TurnRecord
 
 V2V = "voicepipe_voice_to_voice_seconds"
 TTFT = "voicepipe_llm_ttft_seconds"
@@ -234,3 +234,17 @@ def test_each_drafting_request_adds_its_acceptance_rate():
     s = scrape(metrics)
     assert s.value("voicepipe_llm_spec_acceptance_ratio_count", tier="priority", transport="http") == 1
     assert s.value("voicepipe_llm_spec_acceptance_ratio_sum", tier="priority", transport="http") == 0.75
+
+
+def test_a_calls_echo_delay_and_erle_are_observed_when_it_ends():
+    metrics = Metrics()
+    cancelled = CallRecord("a", "twilio", metadata={ECHO_METADATA: {"delay_ms": 150.0, "erle_db": 18.5}})
+    no_echo_found = CallRecord("b", "twilio", metadata={ECHO_METADATA: {"delay_ms": None, "erle_db": None}})
+    said_by_the_caller = CallRecord("c", "twilio", metadata={ECHO_METADATA: "on"})
+    for call in (cancelled, no_echo_found, said_by_the_caller, CallRecord("d", "vonage")):
+        metrics.call_ended(call)
+    s = scrape(metrics)
+    assert s.value("voicepipe_echo_delay_seconds_count", transport="twilio") == 1
+    assert s.value("voicepipe_echo_delay_seconds_sum", transport="twilio") == pytest.approx(0.15)
+    assert s.value("voicepipe_echo_erle_db_sum", transport="twilio") == pytest.approx(18.5)
+    assert s.samples("voicepipe_echo_erle_db_count", transport="vonage") == []

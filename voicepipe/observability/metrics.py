@@ -6,7 +6,7 @@ process do not collide. Four sources feed it:
 - the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio, send
   delay, DTMF response, the end-of-turn wait, reopened turns, tool call latency, turn errors; `event` "barge_in"
   (the greeting's too);
-  `call_started`/`call_ended`: active calls, calls by outcome, call errors);
+  `call_started`/`call_ended`: active calls, calls by outcome, call errors, the echo canceller's delay and ERLE);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
   and API requests' alike, so each request is counted once);
 - the app's event loop, through `loop_lag.watch_loop_lag` (`loop_lag`: how late the loop runs, no labels);
@@ -34,6 +34,7 @@ from prometheus_client.exposition import choose_encoder
 
 from voicepipe.observability.loop_lag import INTERVAL_S
 from voicepipe.observability.metrics_live import LiveCollector, LostCallsCollector
+from voicepipe.observability.records import ECHO_METADATA
 
 if TYPE_CHECKING:
     from voicepipe.llm.request import Request
@@ -62,6 +63,10 @@ TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5,
 # A healthy loop wakes a timer well under a millisecond late; a loop held by a blocking call, tens of ms to seconds.
 LOOP_LAG = "voicepipe_event_loop_lag_seconds"
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+# A call's echo canceller (docs/echo.md): the echo path's delay (0-500 ms searched) and the echo it took out.
+ECHO_DELAY_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+ERLE_BUCKETS = (0.0, 3.0, 6.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0)
 
 ACCEPTANCE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -132,6 +137,12 @@ class Metrics:
         self.tool_calls = Histogram("voicepipe_tool_call_seconds", "A call's tool calls: the model's call to its "
                                     "result (a webhook's answer, an error or a timeout).", ["tool", "outcome"],
                                     buckets=TOOL_BUCKETS, registry=self.registry)
+        self.echo_delay = Histogram("voicepipe_echo_delay_seconds", "The echo path's delay a call's echo canceller "
+                                    "estimated (calls that found an echo).", ["transport"],
+                                    buckets=ECHO_DELAY_BUCKETS, registry=self.registry)
+        self.echo_erle = Histogram("voicepipe_echo_erle_db", "The echo a call's echo canceller took out (echo return "
+                                   "loss enhancement, dB; calls that found an echo).", ["transport"],
+                                   buckets=ERLE_BUCKETS, registry=self.registry)
         self.loop_lag = Histogram(LOOP_LAG, f"How late the event loop woke a {INTERVAL_S * 1000:.0f} ms timer: "
                                   "every call's audio and turn-taking waited as long.",
                                   buckets=LOOP_LAG_BUCKETS, registry=self.registry)
@@ -218,3 +229,7 @@ class Metrics:
         self.calls.labels(call.transport, call.outcome or "unknown").inc()
         if call.outcome == "error":
             self.count_error("call")
+        echo = call.metadata.get(ECHO_METADATA)
+        if isinstance(echo, dict) and echo.get("delay_ms") is not None and echo.get("erle_db") is not None:
+            self.echo_delay.labels(call.transport).observe(echo["delay_ms"] / 1000.0)
+            self.echo_erle.labels(call.transport).observe(echo["erle_db"])

@@ -9,6 +9,7 @@ from typing import Any
 from voicepipe.config import Settings
 from voicepipe.echo.canceller import EchoUnavailable, load_speexdsp
 from voicepipe.echo.path import EchoPath
+from voicepipe.observability.records import ECHO_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,9 @@ def open_echo_path(settings: Settings, transport: str, params: dict[str, Any], o
     return EchoPath(keep(rate), cfg.filter_ms, cfg.min_delay_ms, cfg.max_delay_ms)
 
 
-def echo_figures(path: EchoPath) -> dict[str, float | None]:
-    """What the call record keeps of its canceller (`observability.records.ECHO_METADATA`)."""
-    delay = path.delay.delay_ms
-    return {"delay_ms": None if delay is None else round(delay, 1), "erle_db": path.erle_db}
+def keep_echo_figures(metadata: dict[str, Any], path: EchoPath | None) -> None:
+    """The call record keeps its canceller's figures under `ECHO_METADATA` (and never a caller's value there)."""
+    metadata.pop(ECHO_METADATA, None)
+    if path is not None:
+        delay = path.delay.delay_ms
+        metadata[ECHO_METADATA] = {"delay_ms": None if delay is None else round(delay, 1), "erle_db": path.erle_db}

@@ -44,9 +44,9 @@ from voicepipe.audio import StreamResampler
 from voicepipe.config import CallSettings, Settings
 from voicepipe.llm.errors import LLMError
 from voicepipe.observability.hooks import Observers
-from voicepipe.observability.records import ECHO_METADATA, CallRecord, TurnRecord
+from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.timeline import derive_timings
-from voicepipe.pipeline.call_echo import echo_figures, open_echo_path
+from voicepipe.pipeline.call_echo import keep_echo_figures, open_echo_path
 from voicepipe.pipeline.call_types import AgentOutput, CallState, _Reply
 from voicepipe.pipeline.early_reply import EarlyReplies
 from voicepipe.pipeline.housekeeping import Housekeeping
@@ -203,8 +203,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             self.record.ended = time.time()
             self.record.end_reason = reason
             self.record.outcome = call_outcome(reason, self.record.error)
-            if self._echo is not None:
-                self.record.metadata[ECHO_METADATA] = echo_figures(self._echo)
+            keep_echo_figures(self.record.metadata, self._echo)
             self.ended.set()
             self.observers.call_ended(self.record)
             log.info("call %s ended (%s) after %d turns", self.call_id, reason, self._turns)
