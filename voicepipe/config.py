@@ -99,6 +99,9 @@ class TurnSettings(Section):
     acoustic: Literal["auto", "on", "off"] = "auto"
     short_wait_ms: int = Field(150, ge=0, le=10000)  # silence that ends a turn the evidence calls complete
     middle_wait_ms: int = Field(1300, ge=0, le=10000)  # ... when the evidence is unsure (or not there yet)
+    # ... when the words are unsure but the STT ended them with a sentence mark (a finished sentence the LLM finds
+    # unusual in its conversation scores low, while a fragment seldom gets a mark)
+    unsure_marked_wait_ms: int = Field(1300, ge=0, le=10000)
     long_wait_ms: int = Field(2500, ge=0, le=30000)  # ... when it says the caller is mid-thought
     # P(complete) at or above *_complete: complete; below *_incomplete: mid-thought; in between: unsure
     text_complete: float = Field(0.6, ge=0.0, le=1.0)

@@ -33,6 +33,8 @@ RATE = 16000
 CHUNK = RATE // 50  # 20 ms, as a carrier sends it
 EVIDENCE_WAIT_S = 1.5  # at most this long after the last speech end for its evidence
 NEVER_MS = 10_000  # the recording policy's wait: longer than any silence in the set
+ALIGN = np.lcm(CHUNK, WINDOW) // CHUNK  # 8 chunks of 20 ms: where the chunks and the VAD's windows line up again
+SILENCE = np.zeros(CHUNK, np.int16)
 
 
 @dataclass
@@ -183,7 +185,8 @@ async def _record(items, resources, settings) -> list[Evidence]:
         await pace.until(call, lambda: call._reply is None)  # the greeting, played at once
         recording = call.turns.policy
         for turn, item in enumerate(items, start=1):
-            recorder = _Recorder(item, call, turn, offset=call._vad_pos)
+            await pace.align(call)
+            recorder = _Recorder(item, call, turn, offset=call._received)
             observers.add(recorder)
             call.turns.on_evidence = recorder.on_evidence
             for pos in range(0, len(item.audio), CHUNK):
@@ -215,9 +218,14 @@ class _Pace:
         await asyncio.sleep(max(0.0, self.start + self.sent * CHUNK / RATE - loop.time()))
 
     async def until(self, call, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
-        silence = np.zeros(CHUNK, np.int16)
         for _ in range(int(timeout_s * RATE / CHUNK)):
             if done():
                 return
-            await self.push(call, silence)
+            await self.push(call, SILENCE)
         raise TimeoutError("the call did not get there within 30 s of audio")
+
+    async def align(self, call) -> None:
+        """Silence up to the next multiple of `ALIGN` chunks: every run then cuts each utterance into the VAD's
+        windows (and the STT's chunks) at the same places, however long the agent's replies took to make."""
+        while self.sent % ALIGN:
+            await self.push(call, SILENCE)

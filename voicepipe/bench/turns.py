@@ -106,42 +106,62 @@ def flat_report(evidence: list[Evidence], settings: Settings, policies=POLICIES)
 
 
 def calibrate(evidence: list[Evidence], settings: TurnSettings, max_cutoff: float = 0.05) -> dict[str, object]:
-    """For `text` and `hybrid`: the thresholds and middle wait that give the shortest wait p50 with false cut-off
-    rates (paused and complete utterances) of at most `max_cutoff`, searched over a grid (short and long waits as
-    configured); `best` names the policy with the shorter wait. The defaults in `TurnSettings` come from this.
-    Hybrid keeps the text's threshold for words the STT ended with a sentence mark (`text_complete_marked`)."""
+    """For `text` and `hybrid`: the thresholds and waits that give the shortest wait p50, on all utterances and on
+    the conversational ones alike, with false cut-off rates (paused and complete utterances, all of them and the
+    conversational ones) of at most `max_cutoff`, searched over a grid (short and long waits as configured); `best`
+    names the policy with the shorter wait. The defaults in `TurnSettings` come from this. Hybrid keeps the text's
+    threshold and wait for words the STT ended with a sentence mark (`text_complete_marked`,
+    `unsure_marked_wait_ms`)."""
     text_grid = [0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     sound_grid = [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 1.01]  # 1.01: the sound never says complete
     words = [{"text_complete": hi, "text_incomplete": lo} for lo in text_grid for hi in text_grid if hi >= lo]
     sound = [{"acoustic_complete": hi, "acoustic_incomplete": lo, "acoustic_alone": alone}
              for alone in (False, True) for lo in sound_grid[:-1] for hi in sound_grid if hi >= lo]
     found: dict[str, object] = {}
-    marked = [{**w, "text_complete_marked": m} for w in words for m in text_grid if m >= w["text_incomplete"]]
+    marked = [{**w, "text_complete_marked": m, "unsure_marked_wait_ms": wait} for w in words for m in text_grid
+              if m >= w["text_incomplete"] for wait in UNSURE_MARKED_WAITS]
     found_text = _best("text", marked, evidence, settings, max_cutoff)
     if found_text is not None:
         found["text"] = found_text
-    mark = {"text_complete_marked": found_text["text_complete_marked"]} if found_text else {}
-    both = [{**w, "text_complete_marked": w["text_complete"], **mark, **a} for w in words for a in sound]
+    mark = ({key: found_text[key] for key in ("text_complete_marked", "unsure_marked_wait_ms")}
+            if found_text else {})
+    both = [{**w, "text_complete_marked": w["text_complete"], "unsure_marked_wait_ms": None, **mark, **a}
+            for w in words for a in sound]
     found_hybrid = _best("hybrid", both, evidence, settings, max_cutoff)
     if found_hybrid is not None:
         found["hybrid"] = found_hybrid
     if found:
-        found["best"] = min((n for n in ("text", "hybrid") if n in found),
-                            key=lambda n: (found[n]["wait_p50_ms"], found[n]["wait_p95_ms"]))
+        found["best"] = min((n for n in ("text", "hybrid") if n in found), key=lambda n: _objective(found[n]))
     return found
+
+
+UNSURE_MARKED_WAITS = (400, 600, 800, None)  # None: the middle wait, as for unmarked words
 
 
 def _best(name: str, points: list[dict], evidence: list[Evidence], settings: TurnSettings,
           max_cutoff: float) -> dict[str, object] | None:
+    later = [ev for ev in evidence if ev.turn > 1]
     best: tuple[tuple, dict] | None = None
     for point in ({**p, "middle_wait_ms": middle} for p in points for middle in (700, 1000, 1300)):
-        figures = score(TurnPolicy(name, settings.model_copy(update=point), 0), evidence)
-        if figures["false_cutoff_rate"] > max_cutoff or figures["complete_cut_rate"] > max_cutoff:
+        if point["unsure_marked_wait_ms"] is None or point["unsure_marked_wait_ms"] > point["middle_wait_ms"]:
+            point["unsure_marked_wait_ms"] = point["middle_wait_ms"]
+        policy = TurnPolicy(name, settings.model_copy(update=point), 0)
+        figures = score(policy, evidence)
+        conversational = score(policy, later) if later else figures
+        if max(figures["false_cutoff_rate"], figures["complete_cut_rate"], conversational["false_cutoff_rate"],
+               conversational["complete_cut_rate"]) > max_cutoff:
             continue
-        key = (figures["wait_p50_ms"], figures["wait_p95_ms"], figures["false_cutoff_rate"])
+        figures = {**figures, **{f"conversational_{k}": v for k, v in conversational.items()}}
+        key = _objective(figures)
         if best is None or key < best[0]:
             best = (key, {**point, **figures})
     return None if best is None else best[1]
+
+
+def _objective(figures: dict) -> tuple:
+    """Shorter waits first (the longer p50 of all utterances and of the conversational ones), then fewer cut-offs."""
+    return (max(figures["wait_p50_ms"], figures["conversational_wait_p50_ms"]), figures["wait_p95_ms"],
+            figures["false_cutoff_rate"])
 
 
 PER_CALL = 4  # utterances a call plays in turn: the first after the greeting, the others with a conversation's history
@@ -211,10 +231,15 @@ def _same_decisions(policy: TurnPolicy, quiet: list[Evidence], loaded: list[Evid
 def _same_evidence(quiet: list[Evidence], loaded: list[Evidence]) -> float | None:
     """The share of utterances whose pauses heard the same words with the same probabilities in both recordings."""
     def seen(ev: Evidence) -> list[tuple]:
-        return [(p.end, p.text, p.text_prob, p.acoustic_prob) for p in ev.pauses]
+        return [(p.end, p.text, _rounded(p.text_prob), _rounded(p.acoustic_prob)) for p in ev.pauses]
 
     pairs = list(zip(quiet, loaded, strict=True))
     return _rate(sum(seen(a) == seen(b) for a, b in pairs), len(pairs))
+
+
+def _rounded(prob: float | None) -> float | None:
+    """A probability as a decision record keeps it: the engine's last bits move with how its steps were batched."""
+    return None if prob is None else round(prob, 4)
 
 
 def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None], cpu_load: int):
