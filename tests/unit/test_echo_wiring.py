@@ -15,6 +15,7 @@ import pytest
 from tests.pipeline_fakes import FakeDetector, fake_call_resources
 from voicepipe.audio import StreamResampler
 from voicepipe.config import Settings
+from voicepipe.echo.path import EchoPath
 from voicepipe.echo.playout import PlayedAudio
 from voicepipe.echo.reference import FarEndReference
 from voicepipe.echo.simulate import echo_of, microphone, spoken
@@ -254,6 +255,15 @@ def test_the_callers_audio_reaches_the_vad_cleaned_of_the_echo_only_when_the_cal
     assert erle > 15, erle
     figures = call.record.metadata[ECHO_METADATA]
     assert abs(figures["delay_ms"] - 150) <= 2 and figures["erle_db"] > 10, figures
+
+
+def test_without_an_echo_found_the_callers_audio_passes_at_once_whatever_its_chunks() -> None:
+    path = EchoPath(FarEndReference(RATE))  # the agent has played nothing
+    rng = np.random.default_rng(1)
+    for size in (100, 333, 320, 7, 1000):
+        chunk = (3000 * rng.standard_normal(size)).astype(np.int16)
+        assert np.array_equal(path.process(chunk), chunk)
+    assert path.reference.received == 1760 and path.delay.delay is None
 
 
 @pytest.mark.parametrize(("transport", "params", "allow", "expected"), [

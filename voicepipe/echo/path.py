@@ -3,7 +3,8 @@
 The transport keeps what the agent played in a `FarEndReference` on the call's input timeline; `EchoPath` takes
 the caller's audio as it comes, advances the reference's "now" by it, estimates the echo's delay against the
 reference (`DelayEstimator`), and runs the canceller on each frame with the reference read that far back
-(`reference_lag`). Until the first delay reading the audio passes through as it came.
+(`reference_lag`). Until the first delay reading the audio passes through as it came, at once (a call without
+echo never waits for whole frames).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class EchoPath:
         ref = self.reference
         self.delay.push(ref.window(ref.received, len(samples)), int16_to_float32(samples))
         ref.received += len(samples)
+        if self.delay.delay is None and not len(self._pending):  # nothing to cancel yet: no wait for whole frames
+            self._position += len(samples)
+            return samples
         pending = np.concatenate([self._pending, samples])
         frame = self.canceller.frame
         whole = len(pending) - len(pending) % frame
