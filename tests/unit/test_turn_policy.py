@@ -39,18 +39,6 @@ def test_words_the_stt_ended_with_a_sentence_mark_are_complete_from_their_own_th
     assert marked.decide(TurnEvidence(0, text_prob=0.005, text_marked=True)).wait_ms == 2500  # still mid-thought
 
 
-def test_unsure_words_with_a_sentence_mark_wait_their_own_wait_unless_the_sound_is_sure() -> None:
-    settings = S.model_copy(update={"text_complete": 0.5, "text_complete_marked": 0.2, "unsure_marked_wait_ms": 400})
-    text = TurnPolicy("text", settings, 600)
-    decision = text.decide(TurnEvidence(0, text_prob=0.05, text_marked=True))
-    assert (decision.wait_ms, decision.reason) == (400, "text says unsure; the words end with a sentence mark")
-    assert text.decide(TurnEvidence(0, text_prob=0.05)).wait_ms == 700  # no mark: the middle wait
-    hybrid = TurnPolicy("hybrid", settings, 600)
-    assert hybrid.decide(TurnEvidence(0, text_prob=0.05, acoustic_prob=0.1, text_marked=True)).wait_ms == 2500
-    assert hybrid.decide(TurnEvidence(0, text_prob=0.05, acoustic_prob=0.9, text_marked=True)).wait_ms == 200
-    assert hybrid.decide(TurnEvidence(0, text_prob=0.05, acoustic_prob=0.4, text_marked=True)).wait_ms == 400
-
-
 @pytest.mark.parametrize(("words", "marked"), [("Can I pay with a credit card?", True),
                                                ("That's all, thank you.", True), ("Wow!", True),
                                                ("I'd like to change my...", False), ("The total is…", False),

@@ -110,23 +110,19 @@ def calibrate(evidence: list[Evidence], settings: TurnSettings, max_cutoff: floa
     the conversational ones alike, with false cut-off rates (paused and complete utterances, all of them and the
     conversational ones) of at most `max_cutoff`, searched over a grid (short and long waits as configured); `best`
     names the policy with the shorter wait. The defaults in `TurnSettings` come from this. Hybrid keeps the text's
-    threshold and wait for words the STT ended with a sentence mark (`text_complete_marked`,
-    `unsure_marked_wait_ms`)."""
+    threshold for words the STT ended with a sentence mark (`text_complete_marked`)."""
     text_grid = [0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     sound_grid = [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95, 1.01]  # 1.01: the sound never says complete
     words = [{"text_complete": hi, "text_incomplete": lo} for lo in text_grid for hi in text_grid if hi >= lo]
     sound = [{"acoustic_complete": hi, "acoustic_incomplete": lo, "acoustic_alone": alone}
              for alone in (False, True) for lo in sound_grid[:-1] for hi in sound_grid if hi >= lo]
     found: dict[str, object] = {}
-    marked = [{**w, "text_complete_marked": m, "unsure_marked_wait_ms": wait} for w in words for m in text_grid
-              if m >= w["text_incomplete"] for wait in UNSURE_MARKED_WAITS]
+    marked = [{**w, "text_complete_marked": m} for w in words for m in text_grid if m >= w["text_incomplete"]]
     found_text = _best("text", marked, evidence, settings, max_cutoff)
     if found_text is not None:
         found["text"] = found_text
-    mark = ({key: found_text[key] for key in ("text_complete_marked", "unsure_marked_wait_ms")}
-            if found_text else {})
-    both = [{**w, "text_complete_marked": w["text_complete"], "unsure_marked_wait_ms": None, **mark, **a}
-            for w in words for a in sound]
+    mark = {"text_complete_marked": found_text["text_complete_marked"]} if found_text else {}
+    both = [{**w, "text_complete_marked": w["text_complete"], **mark, **a} for w in words for a in sound]
     found_hybrid = _best("hybrid", both, evidence, settings, max_cutoff)
     if found_hybrid is not None:
         found["hybrid"] = found_hybrid
@@ -135,16 +131,11 @@ def calibrate(evidence: list[Evidence], settings: TurnSettings, max_cutoff: floa
     return found
 
 
-UNSURE_MARKED_WAITS = (400, 600, 800, None)  # None: the middle wait, as for unmarked words
-
-
 def _best(name: str, points: list[dict], evidence: list[Evidence], settings: TurnSettings,
           max_cutoff: float) -> dict[str, object] | None:
     later = [ev for ev in evidence if ev.turn > 1]
     best: tuple[tuple, dict] | None = None
     for point in ({**p, "middle_wait_ms": middle} for p in points for middle in (700, 1000, 1300)):
-        if point["unsure_marked_wait_ms"] is None or point["unsure_marked_wait_ms"] > point["middle_wait_ms"]:
-            point["unsure_marked_wait_ms"] = point["middle_wait_ms"]
         policy = TurnPolicy(name, settings.model_copy(update=point), 0)
         figures = score(policy, evidence)
         conversational = score(policy, later) if later else figures

@@ -116,8 +116,6 @@ class TurnPolicy:
                 None: s.middle_wait_ms}[verdict]
         if self.uses_text and evidence.text_prob is not None and evidence.text_marked:
             reason += "; the words end with a sentence mark"
-            if verdict == "unsure" and text == "unsure":  # the words' own unsure verdict, not the sound's
-                wait = s.unsure_marked_wait_ms
         return self._act(evidence, float(wait), verdict, reason)
 
     def _text_verdict(self, prob: float | None, marked: bool) -> Verdict | None:
