@@ -362,15 +362,16 @@ class SipSettings(Section):
 
 # Every call transport, by the name a call's record carries (transports/gateway.py's PROVIDERS are the middle five).
 TRANSPORTS = ("native", "twilio", "telnyx", "vonage", "plivo", "exotel", "audiosocket", "webrtc", "sip")
+TELEPHONY = ("twilio", "telnyx", "vonage", "plivo", "exotel", "audiosocket")  # phone lines: echo cancelling on
 
 
 class EchoSettings(Section):
     """Echo cancelling: the agent's own voice taken out of the caller's audio before the VAD and the STT hear it
     (docs/echo.md). A call's `echo` parameter (true or false) overrides its transport's default."""
 
-    # Per transport: whether its calls cancel echo. Browsers over WebRTC (the softphone, the SIP web phone) cancel
-    # echo themselves.
-    enabled: dict[str, bool] = Field(default_factory=lambda: dict.fromkeys(TRANSPORTS, False))
+    # Per transport: whether its calls cancel echo (a transport not listed: off). On for phone lines; off for
+    # browsers over WebRTC (the softphone, the SIP web phone), which cancel echo themselves, and the native /ws.
+    enabled: dict[str, bool] = Field(default_factory=lambda: {name: name in TELEPHONY for name in TRANSPORTS})
     filter_ms: int = Field(200, ge=20, le=1000)  # the echo path the filter learns, after the estimated delay
     min_delay_ms: int = Field(0, ge=0, le=1000)  # the echo delays searched, from the agent's audio's playout
     max_delay_ms: int = Field(500, ge=20, le=2000)

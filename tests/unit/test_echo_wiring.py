@@ -14,7 +14,7 @@ import pytest
 
 from tests.pipeline_fakes import FakeDetector, fake_call_resources
 from voicepipe.audio import StreamResampler
-from voicepipe.config import Settings
+from voicepipe.config import TRANSPORTS, Settings
 from voicepipe.echo.path import EchoPath
 from voicepipe.echo.playout import PlayedAudio
 from voicepipe.echo.reference import FarEndReference
@@ -278,3 +278,9 @@ def test_a_calls_echo_parameter_overrides_its_transports_default(transport, para
     settings = echo_settings(twilio=True, webrtc=False)
     settings.calls.allow_overrides = allow
     assert wants_echo_cancelling(settings, transport, params) is expected
+
+
+def test_by_default_phone_lines_cancel_echo_and_browsers_and_the_native_protocol_do_not() -> None:
+    settings = Settings()
+    on = [name for name in TRANSPORTS if wants_echo_cancelling(settings, name, {})]
+    assert on == ["twilio", "telnyx", "vonage", "plivo", "exotel", "audiosocket"]
