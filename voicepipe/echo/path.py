@@ -58,11 +58,9 @@ class EchoPath:
         return np.concatenate(out) if out else np.zeros(0, np.int16)
 
     def _frame(self, near: np.ndarray) -> np.ndarray:
+        """One whole frame through the canceller (there is a delay estimate: frames wait for none before it)."""
         at, self._position = self._position, self._position + len(near)
-        delay = self.delay.delay
-        if delay is None:
-            return near
-        far = self.reference.window(at - reference_lag(delay, self.rate), len(near))
+        far = self.reference.window(at - reference_lag(self.delay.delay, self.rate), len(near))
         out = self.canceller.process(near, float32_to_int16(far))
         if np.sqrt(np.mean(np.square(far))) >= MIN_REFERENCE_RMS:
             self._echo_in += float(np.sum(np.square(near, dtype=np.float64)))

@@ -6,8 +6,8 @@ turns one into the other: a chunk sent `lead_s` before it plays sits `lead_s` of
 now. That position is read from the caller's pace, not from the samples taken so far: the caller's audio comes
 in 20 ms frames, late by whatever its link and the event loop add, and a reply placed by the count would sit up
 to a frame or more off from the one before; the canceller's filter would then learn the echo path again for each
-reply. So the position of now is the latest arrival's count, advanced by the time since it was due at the pace
-of the least delayed recent arrival (as `CallSession._judged_up_to_now` reads the caller's pace).
+reply. So the position of now is counted from the least delayed recent arrival: its count, plus the time since
+it came at the input's rate (as `CallSession._judged_up_to_now` reads the caller's pace).
 """
 
 from __future__ import annotations
