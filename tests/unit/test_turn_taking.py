@@ -143,8 +143,7 @@ def test_a_decision_parks_at_its_window_until_the_words_are_in_then_is_taken_the
         turns.text_known(turns.segment, 0.9, "A table for two.")
         assert ready == ["ready"] and not turns.waiting
         assert turns.decide(view(250))  # asked again at the parked window: complete, 200 ms
-        record = turns.decision_record()
-        assert record["text_prob"] == 0.9 and record["evidence_wait_ms"] >= 40
+        assert turns.decision_record()["text_prob"] == 0.9 and turns.evidence_waited()["evidence_wait_ms"] >= 40
 
     asyncio.run(main())
 
@@ -166,7 +165,7 @@ def test_past_the_bound_a_parked_decision_goes_on_without_the_words_and_says_so(
         await asyncio.sleep(0.2)
         assert ready == ["ready"] and not turns.waiting
         assert not turns.decide(view(250))  # no words: the middle wait (700 ms)
-        assert turns.decide(view(700)) and turns.decision_record()["evidence_missing"] == ["words"]
+        assert turns.decide(view(700)) and turns.evidence_waited()["evidence_missing"] == ["words"]
 
     asyncio.run(main())
     assert "went on without the words" in caplog.text

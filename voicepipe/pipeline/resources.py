@@ -13,11 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 log = logging.getLogger(__name__)
-
-SAMPLE_RATE = 16000
 
 _lock = threading.Lock()
 
@@ -47,7 +43,6 @@ def call_resources(runtime) -> CallResources:
         res = CallResources(_engine(runtime), _vad(runtime), _transcriber(runtime), _synthesizer(runtime),
                             getattr(runtime, "turn", None))
         _prepare_tools(res.engine, runtime.settings.calls)
-        warm_up(res)
         runtime.call_resources = res
         return res
 
@@ -58,22 +53,6 @@ def _prepare_tools(engine, cfg) -> None:
     grammar = getattr(engine, "grammar_tokenizer", None)
     if (cfg.tools or cfg.webhook_tools) and grammar is not None:
         grammar.get()
-
-
-def warm_up(res: CallResources) -> None:
-    """One STT decode on throwaway audio and the engine's own warm-up (`LLMEngine.warm_up`; a remote backend has
-    none: its first request is its server's business), before the first call: the first of each costs several times
-    a later one (2 cores: the STT's first decode 210 against 112 ms, the engine's first end probe 383 against
-    18 ms), and the first call's first pause waited for them; under load that wait outran `turn.evidence_wait_ms`,
-    and a replay's first call then decided differently from the runs after it."""
-    noise = np.random.default_rng(0).normal(0.0, 0.1, SAMPLE_RATE).astype(np.float32)  # decoded, not skipped as silence
-    try:
-        res.transcriber.transcribe(noise, SAMPLE_RATE, timeout=60)
-        engine_warm_up = getattr(res.engine, "warm_up", None)
-        if engine_warm_up is not None:
-            engine_warm_up()
-    except Exception:  # a warm-up only: the first call pays for it instead
-        log.exception("calls: warming up the STT and the LLM failed")
 
 
 def _engine(runtime):

@@ -363,6 +363,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
 
     def _on_end_of_turn(self) -> None:
         decision = self.turns.decision_record()
+        waited = self.turns.evidence_waited()
         self.turns.turn_ended()
         if not self._stt_turn_active:
             return
@@ -384,7 +385,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self.state = CallState.THINKING
         reopened = self.turns.take_reopened()
         if decision:
-            self.note("turn_decision", turn=self._turns, **decision)
+            self.note("turn_decision", turn=self._turns, **decision, **waited)
         if early is not None:
             early.record.decision, early.record.reopened = decision, reopened
             self._release(early, timeline)

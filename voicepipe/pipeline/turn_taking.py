@@ -197,12 +197,12 @@ class TurnTaking:
         if self.last is None or self.last[0].action != "end":
             return {}
         decision, evidence = self.last
-        record = decision.record(self.policy.name, evidence)
-        if self.parked_ms:
-            record["evidence_wait_ms"] = round(self.parked_ms, 1)
-        if self.gave_up:
-            record["evidence_missing"] = list(self.gave_up)
-        return record
+        return decision.record(self.policy.name, evidence)
+
+    def evidence_waited(self) -> dict[str, Any]:
+        """How the decision that ended the turn waited for its evidence, for the call's events: how long it was parked
+        (ms) and what it went on without, past the bound."""
+        return {"evidence_wait_ms": round(self.parked_ms, 1), "evidence_missing": list(self.gave_up)}
 
     def turn_ended(self) -> None:
         self._ended_turn_start, self._turn_start = self._turn_start, None
