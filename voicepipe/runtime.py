@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from voicepipe.config import Settings
 from voicepipe.devices import llm_dtype_name, resolve_device
 from voicepipe.errors import ModelError
@@ -102,24 +100,7 @@ class Runtime:
         for listener in self.request_listeners:
             engine.add_request_listener(listener)
         engine.start()
-        self.warm_up(engine)
-        self.engine = engine  # the last part: the runtime is ready from here on
-
-    def warm_up(self, engine) -> None:
-        """One STT decode on throwaway audio and the engine's own warm-up (`LLMEngine.warm_up`; a remote backend has
-        none: its first request is its server's business), before the runtime is ready: the first of each costs
-        several times a later one (2 cores: the STT's first decode 210 against 112 ms, the engine's first end probe
-        383 against 18 ms), and the first call's first pause waited for them; under load that wait outran
-        `turn.evidence_wait_ms`, and a replay's first call then decided differently from the runs after it. The
-        engine's request listeners count this one request (tier flex) before the process takes calls."""
-        noise = np.random.default_rng(0).normal(0.0, 0.1, 16000).astype(np.float32)  # decoded, not skipped as silence
-        try:
-            self.transcriber.transcribe(noise, 16000, timeout=60)
-            engine_warm_up = getattr(engine, "warm_up", None)
-            if engine_warm_up is not None:
-                engine_warm_up()
-        except Exception:  # a warm-up only: the first call pays for it instead
-            log.exception("warming up the STT and the LLM failed")
+        self.engine = engine
 
     def _remote_engine(self, tokenizer_path: Path | None):
         """`llm.backend = "openai"`: a client of the server at llm.base_url, no LLM here; with llm.tokenizer, its end

@@ -375,9 +375,3 @@ async def test_preempted_request_resumes_and_matches_generate(engine_model, refe
     finally:
         engine.stop()
 
-
-def test_the_warm_up_runs_one_short_probed_reply_and_leaves_no_session(engine):
-    """Run off the event loop, as Runtime.load runs it in its loading thread."""
-    requests, sessions = engine.counters["requests"], len(engine._sessions)
-    engine.warm_up()
-    assert engine.counters["requests"] == requests + 1 and len(engine._sessions) == sessions

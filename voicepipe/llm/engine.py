@@ -24,7 +24,6 @@ intake and session API from `intake.py` (`RequestIntake`) and the engine thread'
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -175,22 +174,6 @@ class LLMEngine(RequestIntake, StepLoop):
                 self._finish(req, "cancelled", EngineStoppedError("the LLM engine stopped.", "restart the service."))
 
     close = stop
-
-    def warm_up(self) -> None:
-        """One short reply with an end probe on a throwaway session, from a thread with no event loop running: the
-        engine's first request costs far more than later ones (2 cores: an end probe 383 against 18 ms), and a call's
-        first pause should not pay for it."""
-        asyncio.run(self._first_reply())
-
-    async def _first_reply(self) -> None:
-        session = self.open_session("You are a helpful assistant.")
-        try:
-            reply = self.generate(session, [{"role": "user", "content": "Is this thing on?"}], tier="flex",
-                                  end_probe=True, max_tokens=4)
-            async for _ in reply:
-                pass
-        finally:
-            self.close_session(session)
 
     def add_request_listener(self, listener: Callable[[Request], None]) -> None:
         """Call ``listener(request)`` once for every request as it ends (finished, cancelled or failed), with its
