@@ -11,7 +11,7 @@ import pytest
 from tests.cli_helpers import run_cli
 from tests.net_helpers import free_port
 from tests.replay_fixtures import VALID_CASE, tone, write_case, write_wav
-from voicepipe.replay.case import CaseError, find_cases, load_case
+from voicepipe.replay.case import CallerEcho, CaseError, find_cases, load_case
 
 
 def test_a_valid_case_loads_with_defaults(tmp_path: Path) -> None:
@@ -30,6 +30,14 @@ def test_key_presses_load_in_time_order_each_key_at_its_time(tmp_path: Path) -> 
     case = load_case(write_case(tmp_path / "c", toml))
     assert case.keys == [(2.0, "4"), (2.25, "2"), (2.5, "#"), (5, "9")]
     assert load_case(write_case(tmp_path / "d")).keys == []
+
+
+def test_a_speakerphone_echo_path_and_the_echo_parameter_load(tmp_path: Path) -> None:
+    toml = '[call]\ntransport = "twilio"\necho = true\n[echo]\ndelay_ms = 150\nlevel_db = -10.5\n'
+    case = load_case(write_case(tmp_path / "c", toml))
+    assert case.echo == CallerEcho(150, -10.5) and case.echo_cancelling is True
+    plain = load_case(write_case(tmp_path / "d"))
+    assert plain.echo is None and plain.echo_cancelling is None
 
 
 def test_the_turn_count_defaults_to_the_turn_tables(tmp_path: Path) -> None:
@@ -79,6 +87,20 @@ def test_a_stereo_recording_is_read_as_its_left_channel_at_any_rate(tmp_path: Pa
     ('[call]\ntransport = "twilio"\n[[dtmf]]\nat_s = -1\ndigits = "1"\n', "dtmf[0].at_s", "must be >= 0"),
     ('[call]\ntransport = "twilio"\n[[dtmf]]\nat_s = 1\ndigit = "1"\n', "dtmf[0].digit", "unknown field"),
     ('[call]\ntransport = "twilio"\n[dtmf]\nat_s = 1\n', "dtmf", "must be an array of tables"),
+    ('[call]\ntransport = "twilio"\necho = "on"\n', "call.echo", "must be true or false, got a string"),
+    ('[call]\ntransport = "twilio"\necho = 150\n', "call.echo", "must be true or false, got an integer"),
+    ('[call]\ntransport = "twilio"\n[echo]\ndelay_ms = 150\n', "echo.level_db", "missing required field"),
+    ('[call]\ntransport = "twilio"\n[echo]\nlevel_db = -10\n', "echo.delay_ms", "missing required field"),
+    ('[call]\ntransport = "twilio"\n[echo]\ndelay_ms = -5\nlevel_db = -10\n', "echo.delay_ms",
+     "must be between 0 and 2000"),
+    ('[call]\ntransport = "twilio"\n[echo]\ndelay_ms = 150\nlevel_db = 6\n', "echo.level_db",
+     "must be between -80 and 0"),
+    ('[call]\ntransport = "twilio"\n[echo]\ndelay_ms = 150\nlevel_db = "-10"\n', "echo.level_db",
+     "must be a number, got a string"),
+    ('[call]\ntransport = "twilio"\n[echo]\ndelay_ms = 150\nlevel_db = -10\nir = "room"\n', "echo.ir",
+     "unknown field"),
+    ('[call]\ntransport = "twilio"\necho = [1]\n[echo]\n', "call.echo", "must be true or false"),
+    ('[call]\ntransport = "twilio"\n[[echo]]\ndelay_ms = 150\n', "echo", "must be a table"),
 ])
 def test_a_malformed_case_names_the_file_and_the_field(tmp_path: Path, toml: str, where: str, problem: str) -> None:
     directory = write_case(tmp_path / "bad", toml)

@@ -20,11 +20,16 @@ from voicepipe.caller.report import CallResult, merge_events, merge_record
 from voicepipe.caller.server_api import ServerState, fetch_call_record
 from voicepipe.caller.turns import converse, play_through
 from voicepipe.caller.utterances import Utterance, read_wav, split_utterances, with_keys, write_wav
-from voicepipe.transports.serializers import CALLER_SERIALIZERS, make_caller_serializer
+from voicepipe.transports.serializers import CALLER_SERIALIZERS, caller_serializer_class, make_caller_serializer
 
 TRANSPORTS = tuple(CALLER_SERIALIZERS)
 
 TurnTaking = Callable[[Line, ServerState | None], Awaitable[None]]
+
+
+def line_rate(transport: str) -> int:
+    """The rate of the caller's audio on `transport`'s wire, both ways: what a `SpeakerEcho` on that line runs at."""
+    return caller_serializer_class(transport).rate
 
 
 async def run_call(
@@ -73,17 +78,19 @@ async def play_call(
     reply_timeout_s: float = 60.0,
     fetch_record: bool = True,
     keys: list[tuple[float, str]] = (),
+    echo: SpeakerEcho | None = None,
 ) -> CallResult:
     """Continuous mode (replay): play the whole caller channel `audio` once at real-time pace, silences and
     talking over the agent included, pressing `keys` ((seconds into the channel, key)) at their times, then keep
-    the line open until the last reply has played out."""
+    the line open until the last reply has played out. `echo` (at `line_rate(transport)`): the caller's
+    microphone picks up the agent's audio of this call, mixed into the channel as it goes out."""
     channel = with_keys(audio, rate, keys)
 
     async def turns(line: Line, server: ServerState | None) -> None:
         await play_through(line, channel, server, settle_s=settle_s, quiet_s=quiet_s, reply_timeout_s=reply_timeout_s)
 
     return await scripted_call(url, transport, turns, params=params, token=token, call_id=call_id,
-                       record_url=record_url, fetch_record=fetch_record, sync_with_server=fetch_record)
+                       record_url=record_url, fetch_record=fetch_record, sync_with_server=fetch_record, echo=echo)
 
 
 async def call_wav(url: str, transport: str, wav: Path, **options: Any) -> CallResult:

@@ -7,6 +7,12 @@ system_prompt = "You are ..."   # optional (the server's default otherwise)
 greeting = "Hi!"                # optional ("" for none)
 deterministic = true            # optional (true): replies are reproducible (greedy, or --seed); --update-golden
 audio = "caller.wav"            # optional: the caller's channel, a WAV in the case directory (any rate; stereo: left)
+echo = true                     # optional: the call's `echo` parameter, echo cancelling on or off (the transport's
+                                # default `echo.enabled` otherwise)
+
+[echo]                          # optional: the caller is on a speakerphone; the agent's replies of this replay, as
+delay_ms = 150                  # received over the wire, come back in the caller's channel this much later (0-2000)
+level_db = -10                  # ... and this far below what played (-80 to 0), with two weaker reflections
 
 [expect]                        # optional
 turns = 3                       # the number of turns (default: the number of [[turn]] tables)
@@ -80,6 +86,14 @@ class TurnExpectation:
 
 
 @dataclass
+class CallerEcho:
+    """The echo path of a caller on a speakerphone (`caller.echo.SpeakerEcho`, mixed in by the replay's caller)."""
+
+    delay_ms: float
+    level_db: float
+
+
+@dataclass
 class CallCase:
     name: str
     directory: Path
@@ -95,6 +109,8 @@ class CallCase:
     reply: ReplyChecks = field(default_factory=ReplyChecks)  # for every turn
     expected_turns: list[TurnExpectation] = field(default_factory=list)
     keys: list[tuple[float, str]] = field(default_factory=list)  # (seconds into the channel, key), in time order
+    echo_cancelling: bool | None = None  # the call's `echo` parameter (None: the transport's default)
+    echo: CallerEcho | None = None  # the caller's microphone picks up the replay's replies
 
     @property
     def path(self) -> Path:
@@ -110,7 +126,10 @@ _STR, _BOOL = ((str,), "a string"), ((bool,), "true or false")
 _NUM = ((int, float), "a number")
 _INT = ((int,), "an integer")
 _STRS = ((list,), "a list of strings")
-_CALL_FIELDS = {"transport": _STR, "system_prompt": _STR, "greeting": _STR, "deterministic": _BOOL, "audio": _STR}
+_CALL_FIELDS = {"transport": _STR, "system_prompt": _STR, "greeting": _STR, "deterministic": _BOOL, "audio": _STR,
+                "echo": _BOOL}
+_ECHO_FIELDS = {"delay_ms": _NUM, "level_db": _NUM}
+MAX_ECHO_DELAY_MS = 2000.0
 _REPLY_FIELDS = {"contains": _STRS, "not_contains": _STRS, "regex": _STRS, "max_chars": _INT}
 _EXPECT_FIELDS = {"turns": _INT, "voice_to_voice_p95_ms": _NUM, "response_p95_ms": _NUM, **_REPLY_FIELDS}
 _TURN_FIELDS = {"transcript": _STR, "max_wer": _NUM, "golden": _STR, "golden_max_wer": _NUM,
@@ -184,7 +203,8 @@ def load_case(directory: Path) -> CallCase:
         raise CaseError(path, "syntax", f"not valid TOML ({exc})") from None
     top = _Table(path, "", data, {"call": ((dict,), "a table"), "expect": ((dict,), "a table"),
                                   "turn": ((list,), "an array of tables ([[turn]])"),
-                                  "dtmf": ((list,), "an array of tables ([[dtmf]])")})
+                                  "dtmf": ((list,), "an array of tables ([[dtmf]])"),
+                                  "echo": ((dict,), "a table")})
     call = _Table(path, "call", top.get("call", required=True), _CALL_FIELDS)
     transport = call.get("transport", required=True)
     if transport not in REPLAY_TRANSPORTS:
@@ -208,7 +228,17 @@ def load_case(directory: Path) -> CallCase:
         voice_to_voice_p95_ms=expect.number("voice_to_voice_p95_ms", None, 0),
         response_p95_ms=expect.number("response_p95_ms", None, 0),
         reply=expect.reply_checks(), expected_turns=turns,
-        keys=sorted(key for i, raw in enumerate(top.get("dtmf", [])) for key in _keys(path, i, raw)))
+        keys=sorted(key for i, raw in enumerate(top.get("dtmf", [])) for key in _keys(path, i, raw)),
+        echo_cancelling=call.get("echo"), echo=_echo(path, top.get("echo")))
+
+
+def _echo(path: Path, raw: Any) -> CallerEcho | None:
+    if raw is None:
+        return None
+    table = _Table(path, "echo", raw, _ECHO_FIELDS)
+    for key in _ECHO_FIELDS:
+        table.get(key, required=True)
+    return CallerEcho(table.number("delay_ms", None, 0, MAX_ECHO_DELAY_MS), table.number("level_db", None, -80, 0))
 
 
 def _keys(path: Path, index: int, raw: Any) -> list[tuple[float, str]]:

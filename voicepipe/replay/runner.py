@@ -2,9 +2,11 @@
 
 Cases run `concurrency` at a time on one event loop. Without a URL, an in-process server is started on a free
 port with the effective settings (so `--set` pairs reach it). Every call carries the case's system prompt and
-greeting and, with a seed, a `seed` parameter (the server seeds each turn's sampling from it). With `repeat`,
-the whole set runs that many times, one run after the other on the same server, and each case's runs are
-compared (repeat.py); with `cpu_load`, that many processes spin beside the server while the calls run.
+greeting, its `echo` parameter where the case sets one, and, with a seed, a `seed` parameter (the server seeds
+each turn's sampling from it). A case with an `[echo]` path plays its channel through a speakerphone of its own
+(`caller_echo`), so the echo the server hears is of this call's replies. With `repeat`, the whole set runs that
+many times, one run after the other on the same server, and each case's runs are compared (repeat.py); with
+`cpu_load`, that many processes spin beside the server while the calls run.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from voicepipe.caller import endpoint_url, http_base, play_call
+from voicepipe.caller.call import line_rate
+from voicepipe.caller.echo import SpeakerEcho
 from voicepipe.cpu_load import cpu_load
 from voicepipe.replay.case import CallCase, load_case
 from voicepipe.replay.checks import check_call
@@ -50,9 +54,18 @@ def call_params(case: CallCase, seed: int | None) -> dict[str, Any]:
         params["system_prompt"] = case.system_prompt
     if case.greeting is not None:
         params["greeting"] = case.greeting
+    if case.echo_cancelling is not None:
+        params["echo"] = "true" if case.echo_cancelling else "false"
     if seed is not None:
         params["seed"] = str(seed)  # providers carry custom parameters as strings
     return params
+
+
+def caller_echo(case: CallCase) -> SpeakerEcho | None:
+    """A fresh speakerphone for one call of `case` (it keeps what that call played), at its line's rate."""
+    if case.echo is None:
+        return None
+    return SpeakerEcho(line_rate(case.transport), delay_ms=case.echo.delay_ms, level_db=case.echo.level_db)
 
 
 def ws_base(url: str) -> str:
@@ -67,7 +80,7 @@ async def replay_case(case: CallCase, url: str, options: ReplayOptions) -> Obser
         result = await asyncio.wait_for(
             play_call(endpoint_url(ws_base(url), case.transport), case.transport, case.audio, case.rate,
                       params=call_params(case, options.seed), token=options.token, record_url=http_base(url),
-                      keys=case.keys),
+                      keys=case.keys, echo=caller_echo(case)),
             timeout=case.duration_s + REPLY_TAIL_S)
         call = observe(result, case.audio, case.rate)
     except Exception as exc:  # one case that cannot connect must not stop the others
