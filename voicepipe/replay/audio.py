@@ -1,4 +1,5 @@
-"""Caller audio of a case or a recording: a WAV at any rate; of several channels the first (left) is the caller."""
+"""Caller audio of a case or a recording: a WAV at any rate; of several channels the first (left) is the caller
+(and in a voicepipe recording the second, right, is the agent)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ class AudioFileError(ValueError):
 
 def read_caller_channel(path: Path) -> tuple[np.ndarray, int]:
     """The first channel of a PCM WAV file (8, 16, 24 or 32 bit) as int16, and its sample rate."""
+    channels, rate = read_channels(path)
+    return channels[0], rate
+
+
+def read_channels(path: Path) -> tuple[list[np.ndarray], int]:
+    """Every channel of a PCM WAV file (8, 16, 24 or 32 bit) as int16, and its sample rate."""
     try:
         if not path.is_file():
             raise AudioFileError("the file does not exist")
@@ -29,8 +36,8 @@ def read_caller_channel(path: Path) -> tuple[np.ndarray, int]:
     frames = len(raw) // (width * channels)
     if frames == 0:
         raise AudioFileError("the WAV file holds no audio")
-    data = np.frombuffer(raw[: frames * width * channels], dtype=np.uint8).reshape(frames, channels, width)[:, 0, :]
-    return _to_int16(data, width), rate
+    data = np.frombuffer(raw[: frames * width * channels], dtype=np.uint8).reshape(frames, channels, width)
+    return [_to_int16(data[:, c, :], width) for c in range(channels)], rate
 
 
 def _to_int16(data: np.ndarray, width: int) -> np.ndarray:

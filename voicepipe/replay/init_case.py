@@ -4,12 +4,14 @@ Pre-filled: the transport, system prompt and greeting of the call; the keys the 
 per turn the caller's transcript (WER 0.25),
 the agent's reply as golden text, whether the reply was interrupted (and how fast the agent stopped), a
 reply length limit; the turn count; voice-to-voice and response p95 budgets with headroom (x2 or +1 s).
-The author then tightens them.
+The author then tightens them. Where the caller's channel carries the recorded run's echo (recorded_echo.py), the
+case says so in a comment and a warning is logged: a replay cannot cancel that echo (docs/replay.md, "Echo").
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,10 @@ import numpy as np
 from voicepipe.caller import write_wav
 from voicepipe.errors import VoicepipeError
 from voicepipe.replay.case import CASE_FILE, REPLAY_TRANSPORTS, load_case
+from voicepipe.replay.recorded_echo import RecordedEcho, recorded_echo
 from voicepipe.replay.recording import Recording, load_recording
+
+log = logging.getLogger(__name__)
 
 
 def toml_value(value: Any) -> str:
@@ -56,7 +61,19 @@ def stop_times_ms(events: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def case_toml(rec: Recording) -> str:
+def echo_note(echo: RecordedEcho) -> list[str]:
+    """case.toml's comment on a caller channel that carries the recorded run's echo."""
+    return [f"# caller.wav carries the recorded run's echo: the agent's audio comes back in it {echo.delay_ms:g} ms "
+            f"after it was sent, at {echo.level_db:g} dB.",
+            "# A replay plays that echo as recorded, at the recorded replies' moments: the replay's echo canceller",
+            "# cannot take it out, and the call may hear it as the caller. To test this call's echo, record the",
+            "# caller without it and declare their echo path, for the replay to echo its own replies:",
+            "# [echo]",
+            "# delay_ms = ...  # after the agent's audio plays at the caller's end",
+            f"# level_db = {echo.level_db:g}"]
+
+
+def case_toml(rec: Recording, echo: RecordedEcho | None = None) -> str:
     start = rec.call_start
     transport = start.get("transport")
     if transport not in REPLAY_TRANSPORTS:
@@ -68,6 +85,8 @@ def case_toml(rec: Recording) -> str:
         lines.append(f"system_prompt = {toml_value(start['system_prompt'])}")
     lines.append(f"greeting = {toml_value(start.get('greeting') or '')}")
     lines.append("deterministic = true")
+    if echo is not None:
+        lines += ["", *echo_note(echo)]
     timings = [t.get("timings_ms") or {} for t in rec.turns]
     lines += ["", "[expect]", f"turns = {len(rec.turns)}"]
     for key in ("voice_to_voice", "response"):
@@ -98,7 +117,12 @@ def init_case(recording_dir: Path, out: Path | None = None) -> Path:
     out = Path(out) if out is not None else Path("cases") / Path(recording_dir).resolve().name
     if (out / CASE_FILE).exists():
         raise VoicepipeError(f"{out / CASE_FILE}: already exists.", "pass another --out directory or remove it.")
-    text = case_toml(rec)
+    echo = recorded_echo(rec.caller, rec.agent, rec.rate) if rec.agent is not None else None
+    if echo is not None:
+        log.warning("%s: the caller's channel carries the recorded run's echo (%g ms after the agent's audio was "
+                    "sent, %g dB); a replay cannot cancel it: see the note in case.toml", recording_dir,
+                    echo.delay_ms, echo.level_db)
+    text = case_toml(rec, echo)
     out.mkdir(parents=True, exist_ok=True)
     write_wav(out / "caller.wav", rec.caller, rec.rate)
     (out / CASE_FILE).write_text(text, encoding="utf-8")

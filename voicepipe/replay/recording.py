@@ -1,4 +1,4 @@
-"""Reading a call recording (`recordings/<call_id>/`: `call.wav` stereo, caller left; `events.jsonl`).
+"""Reading a call recording (`recordings/<call_id>/`: `call.wav` stereo, caller left, agent right; `events.jsonl`).
 
 A recording cut short by a crash (no `call_end`, a truncated last line) is still read: lines that are not
 JSON objects are skipped and counted.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from voicepipe.errors import VoicepipeError
-from voicepipe.replay.audio import AudioFileError, read_caller_channel
+from voicepipe.replay.audio import AudioFileError, read_channels
 
 
 @dataclass
@@ -24,6 +24,7 @@ class Recording:
     events: list[dict[str, Any]]
     caller: np.ndarray  # int16, the left channel of call.wav
     rate: int
+    agent: np.ndarray | None = None  # int16, the right channel (the agent's audio as sent), where there is one
     skipped_lines: int = 0
     turns: list[dict[str, Any]] = field(default_factory=list)  # the `turn` events, in order
     call_end: dict[str, Any] | None = None
@@ -59,13 +60,14 @@ def load_recording(directory: Path) -> Recording:
     if not events or events[0]["type"] != "call_start":
         raise VoicepipeError(f"{events_path}: the first event is not call_start; this is not a voicepipe recording.")
     try:
-        caller, rate = read_caller_channel(wav_path)
+        channels, rate = read_channels(wav_path)
     except AudioFileError as exc:
         raise VoicepipeError(f"{wav_path}: {exc}.") from None
     turns = sorted((e for e in events if e["type"] == "turn" and isinstance(e.get("turn"), int)),
                    key=lambda e: e["turn"])
     end = next((e for e in reversed(events) if e["type"] == "call_end"), None)
-    return Recording(directory, events[0], events, caller, rate, skipped, turns, end)
+    return Recording(directory, events[0], events, channels[0], rate, channels[1] if len(channels) > 1 else None,
+                     skipped, turns, end)
 
 
 def arrival_lag_ms(events: list[dict[str, Any]]) -> list[float]:
