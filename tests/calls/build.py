@@ -4,6 +4,7 @@ test time, from espeak-ng and Piper speech (and sox noise), and cached under tes
 Build by hand with `python -m tests.calls.build`, then `voicepipe replay tests/calls`. Each script is the caller's
 channel from the start of the call: quiet line, speech, pauses sized for the agent's reply to play out (the
 suite's server keeps replies short: `calls.max_reply_tokens=24`), and in the barge-in case speech over the reply.
+The echo case's channel is clean: its speakerphone echo is of the replay's own replies, mixed in as they play.
 The pauses and the latency budgets leave room for a slow, shared 2-core CPU (voice-to-voice up to ~15 s there);
 on real hardware, tighten the budgets.
 """
@@ -36,6 +37,10 @@ SCRIPTS: dict[str, list[tuple]] = {
     "silent_caller": [("pause", 9.0)],
     "noisy_line": [("pause", 3.0), ("piper", "What time does the store close on Sunday evening?"),
                    ("pause", 9.0), ("noise", 0.02)],
+    # Said into a speakerphone: the replay mixes the echo of its own replies in (the case's [echo]), not here.
+    "echo": [("pause", 4.0), ("espeak", "What time do you open on Saturday morning?"), ("pause", 24.0),
+             ("piper", "Can I bring my dog to the terrace?"), ("pause", 24.0),
+             ("piper", "Thank you, that is all I needed to know."), ("pause", 6.0)],
 }
 
 
