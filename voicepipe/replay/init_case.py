@@ -61,16 +61,16 @@ def stop_times_ms(events: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def echo_note(echo: RecordedEcho) -> list[str]:
-    """case.toml's comment on a caller channel that carries the recorded run's echo."""
-    return [f"# caller.wav carries the recorded run's echo: the agent's audio comes back in it {echo.delay_ms:g} ms "
-            f"after it was sent, at {echo.level_db:g} dB.",
-            "# A replay plays that echo as recorded, at the recorded replies' moments: the replay's echo canceller",
-            "# cannot take it out, and the call may hear it as the caller. To test this call's echo, record the",
-            "# caller without it and declare their echo path, for the replay to echo its own replies:",
-            "# [echo]",
-            "# delay_ms = ...  # after the agent's audio plays at the caller's end",
-            f"# level_db = {echo.level_db:g}"]
+ECHO_NOTE = """\
+# caller.wav carries the recorded run's echo: the agent's audio comes back in it {delay_ms:g} ms after it was sent
+# (the time it waited to play, up to calls.max_lead_ms, included), its direct path at {level_db:g} dB. A replay
+# plays that echo as recorded, at the moments the recorded replies played; the replay's replies play at others
+# and may differ, so its echo canceller cannot take it out and the call may take it for the caller
+# (docs/replay.md, "Echo"). To test this call with its echo, record the caller without it and declare the echo
+# path, for the replay to echo its own replies:
+# [echo]
+# delay_ms = ...  # after the agent's audio plays at the caller's end
+# level_db = ...  # every path together, against what played"""
 
 
 def case_toml(rec: Recording, echo: RecordedEcho | None = None) -> str:
@@ -86,7 +86,7 @@ def case_toml(rec: Recording, echo: RecordedEcho | None = None) -> str:
     lines.append(f"greeting = {toml_value(start.get('greeting') or '')}")
     lines.append("deterministic = true")
     if echo is not None:
-        lines += ["", *echo_note(echo)]
+        lines += ["", ECHO_NOTE.format(delay_ms=echo.delay_ms, level_db=echo.level_db)]
     timings = [t.get("timings_ms") or {} for t in rec.turns]
     lines += ["", "[expect]", f"turns = {len(rec.turns)}"]
     for key in ("voice_to_voice", "response"):
