@@ -12,7 +12,7 @@ echo = true                     # optional: the call's `echo` parameter, echo ca
 
 [echo]                          # optional: the caller is on a speakerphone; the agent's replies of this replay, as
 delay_ms = 150                  # received over the wire, come back in the caller's channel this much later (0-2000)
-level_db = -10                  # ... and this far below what played (-80 to 0), with two weaker reflections
+level_db = -10                  # ... and this far below what played (-80 to 0); docs/replay.md, "Echo"
 
 [expect]                        # optional
 turns = 3                       # the number of turns (default: the number of [[turn]] tables)
