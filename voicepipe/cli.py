@@ -330,6 +330,46 @@ def bench_sip(
                   f"{response['webrtc']['p50']} ms; targets {report['targets']}")
 
 
+@bench_app.command("echo")
+def bench_echo(
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
+    delays: Annotated[list[int] | None, typer.Option("--delays", help="Echo delays in ms (repeatable).")] = None,
+    levels: Annotated[list[int] | None, typer.Option("--levels", help="Echo levels in dB (repeatable).")] = None,
+    transports: Annotated[list[str] | None, typer.Option("--transports", help="Transports (repeatable).")] = None,
+    barge_ins: Annotated[int, typer.Option("--barge-ins", min=1, help="Barge-ins per echo level, at least.")] = 20,
+    at_once: Annotated[int, typer.Option("--calls-at-once", min=1, help="Calls in flight at once.")] = 3,
+    cancel: Annotated[bool, typer.Option(help="Echo cancelling on for the grid's transports.")] = True,
+) -> None:
+    """Speakerphone calls over delays x echo levels x transports, with scripted barge-ins, against the same calls
+    without echo: self-interruptions, echo turns, echo holds, barge-in recall, WER and voice-to-voice ratios."""
+    from voicepipe.bench.echo import DELAYS_MS, LEVELS_DB, TRANSPORTS, run_echo_bench
+    from voicepipe.caller import TRANSPORTS as KNOWN
+
+    unknown = sorted(set(transports or []) - set(KNOWN))
+    if unknown:
+        raise VoicepipeError(f"unknown transports {unknown}.", f"pick from {list(KNOWN)}.")
+    report = run_echo_bench(settings_with(), delays or list(DELAYS_MS), levels or list(LEVELS_DB),
+                            transports or list(TRANSPORTS), barge_ins, at_once, cancel,
+                            progress=lambda line: err_console.print(line, highlight=False))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2))
+    table = Table("echo", "calls", "self int.", "echo turns", "echo hold", "agent spoke", "barge-ins stopped",
+                  "v2v p50", "WER", "WER dt", title="bench echo (ms; barge-ins stopped in 500 ms / over the agent)")
+    for name, g in [("clean", report["clean"]), *((f"{k} dB", g) for k, g in report["by_level"].items())]:
+        table.add_row(name, *(str(g[k]) for k in ("calls", "self_interruptions", "echo_turns")),
+                      *(f"{g[k]:.0f}" for k in ("echo_hold_ms", "agent_speaking_ms")),
+                      f"{g['barge_ins_stopped']}/{g['barge_ins_over_agent']}", str(g["voice_to_voice_p50_ms"]),
+                      str(g["wer"]), str(g["wer_double_talk"]))
+    console.print(table)
+    for key in ("self_interruptions", "echo_turns", "echo_hold_ms", "agent_speaking_ms", "barge_in_recall_min",
+                "v2v_p50_echo_over_clean", "wer_echo_over_clean", "wer_double_talk_echo_over_clean",
+                "echo_cpu_ms_per_s"):
+        reason = report["null_reasons"].get(key)
+        console.print(f"{key}: {report[key]}" + (f" ({reason})" if reason else ""), highlight=False)
+    console.print(f"{report['seconds'] / 60:.1f} min (expected {report['expected_seconds'] / 60:.0f}); "
+                  f"failed calls: {len(report['failed_calls'])}", highlight=False)
+
+
 @bench_app.command("turns")
 def bench_turns(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the full report here.")] = None,
