@@ -353,13 +353,11 @@ def bench_echo(
                             progress=lambda line: err_console.print(line, highlight=False))
     if json_file is not None:
         json_file.write_text(json.dumps(report, indent=2))
-    table = Table("echo", "calls", "self int.", "echo turns", "echo hold", "agent spoke", "barge-ins stopped",
-                  "v2v p50", "WER", "WER dt", title="bench echo (ms; barge-ins stopped in 500 ms / over the agent)")
-    for name, g in [("clean", report["clean"]), *((f"{k} dB", g) for k, g in report["by_level"].items())]:
-        table.add_row(name, *(str(g[k]) for k in ("calls", "self_interruptions", "echo_turns")),
-                      *(f"{g[k]:.0f}" for k in ("echo_hold_ms", "agent_speaking_ms")),
-                      f"{g['barge_ins_stopped']}/{g['barge_ins_over_agent']}", str(g["voice_to_voice_p50_ms"]),
-                      str(g["wer"]), str(g["wer_double_talk"]))
+    groups = {"clean": report["clean"], **{f"{level} dB": g for level, g in report["by_level"].items()}}
+    table = Table("", *groups, title="bench echo")
+    for key in ("calls", "self_interruptions", "echo_turns", "echo_hold_ms", "agent_speaking_ms",
+                "barge_ins_over_agent", "barge_ins_stopped", "voice_to_voice_p50_ms", "wer", "wer_double_talk"):
+        table.add_row(key, *(str(g[key]) for g in groups.values()))
     console.print(table)
     for key in ("self_interruptions", "echo_turns", "echo_hold_ms", "agent_speaking_ms", "barge_in_recall_min",
                 "v2v_p50_echo_over_clean", "wer_echo_over_clean", "wer_double_talk_echo_over_clean",
