@@ -1,6 +1,7 @@
 """`voicepipe replay` against a real server with the real default models.
 
-The shipped suite (tests/calls/, caller audio built from espeak-ng and Piper speech and sox noise) passes; a
+The shipped suite (tests/calls/, caller audio built from espeak-ng and Piper speech and sox noise) passes (its
+speakerphone case, which waits for the echo gate, is run on its own and expected to fail until then); a
 deliberately broken setting fails the right case with a readable report and a non-zero exit; a call recorded by
 the observability recorder becomes a case (`replay init`) that replays green.
 
@@ -66,7 +67,8 @@ def copy_case(source: Path, target: Path, **replace: str) -> Path:
 
 
 def test_the_shipped_suite_passes_and_goldens_are_written(suite, server, tmp_path: Path) -> None:
-    cases = [shutil.copytree(case, tmp_path / case.name) for case in suite]
+    # The speakerphone case waits for the echo gate: its own test below.
+    cases = [shutil.copytree(case, tmp_path / case.name) for case in suite if case.name != "echo"]
     lines: list[str] = []
     started = time.monotonic()
     report, results = run_replay(cases, None, ReplayOptions(url=server, concurrency=2, seed=11, update_golden=True),
@@ -87,6 +89,18 @@ def test_the_shipped_suite_passes_and_goldens_are_written(suite, server, tmp_pat
     booking = load_case(tmp_path / "booking")
     assert [t.golden for t in booking.expected_turns] == [t.agent_text for t in by_name["booking"].call.turns]
     assert any(line.startswith("--- ") and "booking" in line for line in lines)
+
+
+@pytest.mark.xfail(reason="the echo gate (issue 36) is not in yet: the agent's echo joins a turn or cuts a reply",
+                   strict=False)
+def test_a_speakerphone_caller_has_one_turn_per_utterance_and_cuts_no_reply(suite, server, tmp_path: Path) -> None:
+    """The echo case: the replay mixes the echo of this call's own replies into the caller's channel (150 ms,
+    -10 dB); with echo cancelling on, the echo must start no turn and interrupt no reply."""
+    case = shutil.copytree(suite[[p.name for p in suite].index("echo")], tmp_path / "echo")
+    report, results = run_replay([case], None, ReplayOptions(url=server, seed=11), print)
+    summary = write_reports(report, results, tmp_path / "report")["markdown"].read_text()
+    print(summary)
+    assert report["cases_failed"] == 0, summary
 
 
 def test_a_system_prompt_that_breaks_not_contains_fails_the_case(suite, server, tmp_path: Path) -> None:
