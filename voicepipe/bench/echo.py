@@ -101,7 +101,7 @@ class CallEvents:
     """An observer of the in-process server: each call's start and the events the figures read, on the caller's
     clock (the server's `t` is seconds from its `started_mono`)."""
 
-    KEPT = ("hold", "unhold", "clear", "barge_in", "turn_reopened")
+    KEPT = ("hold", "unhold", "clear", "turn_reopened")
 
     def __init__(self) -> None:
         self.started: dict[str, float] = {}
@@ -149,7 +149,7 @@ async def one_call(plan: PlannedCall, base: str, app, texts: list[str], utteranc
     result = await run_call(call_url(base, app, plan.transport), plan.transport, said, call_id=f"echo-{plan.index}",
                             record_url=base, quiet_s=0.6, greeting_wait_s=30.0, reply_timeout_s=60.0,
                             barge_in_after_ms=BARGE_IN_AFTER_MS, echo=echo)
-    return call_facts(result, texts[:len(said)], plan.level_db, plan.delay_ms, events.started.get(result.call_id),
+    return call_facts(result, texts[:len(said)], plan.level_db, events.started.get(result.call_id),
                       events.events.get(result.call_id, []))
 
 

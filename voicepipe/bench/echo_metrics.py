@@ -1,22 +1,24 @@
 """`bench echo`'s figures, from what each end of a call knows.
 
 The caller simulator knows when it spoke (each utterance's voiced span as it went out) and when the agent's audio
-played at its end; the server's call events say when it held the agent's audio (`hold` .. `unhold`), cut it
-(`clear`) and decided a barge-in (`barge_in`), and its record holds the turns it took (VAD span and words). Every
-time here is on the caller's clock (`time.monotonic()`: the bench's server runs in the same process, and its event
-times are moved onto that clock).
+played at its end; the server's call events say when it held the agent's audio (`hold` .. `unhold`) and cut it
+(`clear`: a barge-in), and its record holds the turns it took (VAD span and words). Every time here is on the
+caller's clock (`time.monotonic()`: the bench's server runs in the same process, and its event times are moved
+onto that clock).
 
 - A *stop*: the agent's audio held (a `hold` until its `unhold`) or cut (a `clear`; not a reopened turn's, which
   cut nothing that had played). A clear during a hold makes that hold a cut.
-- The caller *spoke at* t when t falls in one of its utterances' voiced spans, or up to `REACTION_S` plus the echo
-  delay after one ends (the VAD's hangover and the wire; the echo of what played until then comes that much later).
+- The caller *spoke at* t when t falls in one of its utterances' voiced spans, or up to `REACTION_S` after one
+  ends (the wire, and a VAD that reads the audio late on a busy loop). Not the echo delay as well: a hold starts
+  at a VAD speech start, which the caller's voice cannot give once it has ended, and the echo of a reply's first
+  words (which starts within a second of the caller's end) is what this benchmark counts.
 - `self_interruptions`: stops that started while the caller did not speak; `echo_hold_ms`: how long those held.
 - `echo_turns`: the server's turns whose VAD span touches no caller speech.
 - Barge-in recall: of the scripted barge-ins that began while the agent's audio played at the caller, the share
-  that the agent stopped for (a hold or a cut) within `STOP_WITHIN_S` of their first voiced sample and that the
-  server went on to take as a barge-in. One that began while echo held the agent counts when the server took it
-  as a barge-in (stopped), or when the agent's audio went on while the caller still spoke (not stopped); otherwise
-  there was nothing left to stop.
+  that the agent stopped for within `STOP_WITHIN_S` of their first voiced sample with a stop that ended in a cut
+  (the server took it as a barge-in, not a backchannel). One that began while echo held the agent counts when that
+  hold ended in a cut (stopped), or when the agent's audio went on while the caller still spoke (not stopped);
+  otherwise there was nothing left to stop.
 - The agent's audio "plays" from its first chunk at the caller until a clear or a gap of `GAP_S` (a WebRTC track's
   silent frames are not audio, and a busy link delivers a reply in bursts).
 - WER: the caller's words as the server's turns hold them against the script: a call's whole script against all
@@ -25,7 +27,6 @@ times are moved onto that clock).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ import numpy as np
 from voicepipe.caller import CallResult
 from voicepipe.stt.wer import corpus_wer
 
-REACTION_S = 0.5
+REACTION_S = 0.3
 STOP_WITHIN_S = 0.5
 GAP_S = 0.3
 REOPEN_S = 0.05  # a clear this close before a `turn_reopened` is the reopen's own (noted in the same step)
@@ -63,7 +64,6 @@ class CallFacts:
 
     call_id: str
     level_db: float | None  # None: a clean call (no echo)
-    delay_s: float
     said: list[Said]
     events: list[dict[str, Any]]  # the server's {"type", "at"}, in the order it noted them
     turns: list[tuple[tuple[float, float] | None, str]]  # the server's turns: (VAD span, the caller's words)
@@ -74,8 +74,8 @@ class CallFacts:
     ended: float  # when the caller hung up
 
 
-def call_facts(result: CallResult, texts: list[str], level_db: float | None, delay_ms: float,
-               started: float | None, events: list[dict[str, Any]]) -> CallFacts:
+def call_facts(result: CallResult, texts: list[str], level_db: float | None, started: float | None,
+               events: list[dict[str, Any]]) -> CallFacts:
     """`result` of a call whose caller said `texts` (the first to the greeting's listener, the rest as barge-ins);
     `started` is the server's call start on the caller's clock, `events` its events there (see `CallEvents`)."""
     said = [Said(text, turn.speech_start, turn.speech_end, i > 0) for i, (text, turn)
@@ -90,7 +90,7 @@ def call_facts(result: CallResult, texts: list[str], level_db: float | None, del
         turns.append((span, turn.get("user_text") or ""))
     v2v = [t.voice_to_voice_ms for t in result.turns if t.voice_to_voice_ms is not None]
     ended = max([result.started, *(at for at, _ in result.audio_chunks), *(e["at"] for e in events)])
-    return CallFacts(result.call_id, level_db, delay_ms / 1000, said, events, turns,
+    return CallFacts(result.call_id, level_db, said, events, turns,
                      playing_spans(result.audio_chunks, result.clears), v2v,
                      (record.get("metadata") or {}).get("echo_canceller"), result.started, ended)
 
@@ -132,8 +132,13 @@ def stops(events: list[dict[str, Any]], until: float) -> list[Stop]:
     return out
 
 
-def caller_spoke(said: list[Said], t: float, after_s: float) -> bool:
-    return any(s.start <= t <= s.end + after_s for s in said)
+def caller_spoke(said: list[Said], t: float) -> bool:
+    return any(s.start <= t <= s.end + REACTION_S for s in said)
+
+
+def touches(span: tuple[float, float] | None, said: Said) -> bool:
+    """Whether a turn's VAD `span` holds some of `said`."""
+    return span is not None and span[0] <= said.end + REACTION_S and span[1] >= said.start
 
 
 @dataclass
@@ -148,52 +153,42 @@ class CallFigures:
 
 
 def call_figures(call: CallFacts) -> CallFigures:
-    after = REACTION_S + call.delay_s
     stopped = stops(call.events, call.ended)
-    own = [s for s in stopped if not caller_spoke(call.said, s.start, after)]
-    echo_turns = sum(1 for span, _ in call.turns
-                     if span is not None and not any(span[0] <= s.end + after and span[1] >= s.start
-                                                     for s in call.said))
+    own = [s for s in stopped if not caller_spoke(call.said, s.start)]
+    echo_turns = sum(1 for span, _ in call.turns if span is not None and not any(touches(span, s) for s in call.said))
     figures = CallFigures(len(own), sum(s.end - s.start for s in own), echo_turns,
                           sum(b - a for a, b in call.playing),
                           words=(" ".join(s.text for s in call.said), " ".join(text for _, text in call.turns)))
-    decided = [e["at"] for e in call.events if e["type"] == "barge_in"]
     for s in (s for s in call.said if s.barge_in):
-        over, stopped_in_time = barge_in_outcome(s, stopped, call.playing, decided, after)
+        over, stopped_in_time = barge_in_outcome(s, stopped, call.playing)
         figures.barge_ins.append((over, stopped_in_time))
         if over:
-            heard = [text for span, text in call.turns
-                     if span is not None and span[0] <= s.end + after and span[1] >= s.start]
-            figures.double_talk.append((s.text, " ".join(heard)))
+            figures.double_talk.append((s.text, " ".join(text for span, text in call.turns if touches(span, s))))
     return figures
 
 
-def barge_in_outcome(said: Said, stopped: list[Stop], playing: list[tuple[float, float]], decided: list[float],
-                     after_s: float) -> tuple[bool, bool]:
+def barge_in_outcome(said: Said, stopped: list[Stop], playing: list[tuple[float, float]]) -> tuple[bool, bool]:
     """(whether `said` talked over the agent, whether the agent stopped for it in time): see the module's doc."""
-    taken = any(said.start <= t <= said.end + after_s for t in decided)
     hold = next((p for p in stopped if p.start <= said.start < p.end), None)
     if hold is not None:
         talked_on = not hold.cut and hold.end < said.end and any(a < said.end and b > hold.end for a, b in playing)
-        return taken or talked_on, taken
+        return hold.cut or talked_on, hold.cut
     if not any(a <= said.start < b for a, b in playing):
         return False, False
-    at = min((p.start for p in stopped if p.start >= said.start), default=math.inf)
-    return True, at - said.start <= STOP_WITHIN_S and taken
+    first = min((p for p in stopped if p.start >= said.start), key=lambda p: p.start, default=None)
+    return True, first is not None and first.start - said.start <= STOP_WITHIN_S and first.cut
 
 
 def call_timeline(call: CallFacts) -> dict[str, Any]:
     """What happened when in one call, in seconds from the caller's dialling: what it said, when the agent's audio
     played at its end, the stops (start, end, cut, whether the caller was silent: a self-interruption) and the
     words of each of the server's turns."""
-    after = REACTION_S + call.delay_s
-
     def since(t: float) -> float:
         return round(t - call.started, 2)
 
     return {"said": [[since(s.start), since(s.end)] for s in call.said],
             "played": [[since(a), since(b)] for a, b in call.playing],
-            "stops": [[since(s.start), since(s.end), s.cut, not caller_spoke(call.said, s.start, after)]
+            "stops": [[since(s.start), since(s.end), s.cut, not caller_spoke(call.said, s.start)]
                       for s in stops(call.events, call.ended)],
             "heard": [text for _, text in call.turns]}
 
