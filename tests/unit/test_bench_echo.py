@@ -89,18 +89,16 @@ def test_a_barge_in_is_recalled_when_the_agent_stopped_within_500_ms_for_good() 
             Said("already held by echo", 30.0, 32.0, True),
             Said("only a pause: a backchannel to the server", 40.0, 42.0, True),
             Said("over silence", 50.0, 52.0, True),
-            Said("echo held the agent, which then talked on", 60.0, 62.0, True),
-            Said("echo held the agent, which had nothing left to say", 70.0, 72.0, True)]
+            Said("echo held the agent, which went on after the caller's words", 60.0, 62.0, True)]
     events = [ev("hold", 10.3), ev("clear", 10.9), ev("unhold", 10.9), ev("barge_in", 10.95),
               ev("hold", 20.7), ev("clear", 21.0), ev("unhold", 21.0), ev("barge_in", 21.0),
               ev("hold", 29.5), ev("clear", 30.9), ev("unhold", 30.9), ev("barge_in", 30.9),  # held by echo first
               ev("hold", 40.2), ev("unhold", 40.8),
-              ev("hold", 59.0), ev("unhold", 60.5),
-              ev("hold", 69.8), ev("unhold", 72.5)]
-    playing = [(5.0, 11.0), (15.0, 21.0), (25.0, 31.0), (35.0, 45.0), (55.0, 59.2), (60.6, 63.0), (65.0, 69.9)]
+              ev("hold", 59.0), ev("unhold", 62.5)]
+    playing = [(5.0, 11.0), (15.0, 21.0), (25.0, 31.0), (35.0, 45.0), (55.0, 59.2), (62.5, 63.0)]
     figures = call_figures(facts(said, events, playing=playing))
     assert figures.barge_ins == [(True, True), (True, False), (True, True), (True, False), (False, False),
-                                 (True, False), (False, False)]
+                                 (True, False)]
     assert [text for text, _ in figures.double_talk] == [s.text for s in said[1:5]] + [said[6].text]
 
 

@@ -14,11 +14,11 @@ onto that clock).
   words (which starts within a second of the caller's end) is what this benchmark counts.
 - `self_interruptions`: stops that started while the caller did not speak; `echo_hold_ms`: how long those held.
 - `echo_turns`: the server's turns whose VAD span touches no caller speech.
-- Barge-in recall: of the scripted barge-ins that began while the agent's audio played at the caller, the share
-  that the agent stopped for within `STOP_WITHIN_S` of their first voiced sample with a stop that ended in a cut
-  (the server took it as a barge-in, not a backchannel). One that began while echo held the agent counts when that
-  hold ended in a cut (stopped), or when the agent's audio went on while the caller still spoke (not stopped);
-  otherwise there was nothing left to stop.
+- Barge-in recall: of the scripted barge-ins that began while the agent spoke (its audio playing at the caller,
+  or held mid-reply), the share that the agent stopped for within `STOP_WITHIN_S` of their first voiced sample with
+  a stop that ended in a cut (the server took it as a barge-in, not a backchannel). One that began while echo held
+  the agent is stopped when that hold ended in a cut: a hold released without one lets the reply go on, and the
+  caller's words were taken for a backchannel or a noise.
 - The agent's audio "plays" from its first chunk at the caller until a clear or a gap of `GAP_S` (a WebRTC track's
   silent frames are not audio, and a busy link delivers a reply in bursts).
 - WER: the caller's words as the server's turns hold them against the script: a call's whole script against all
@@ -171,8 +171,7 @@ def barge_in_outcome(said: Said, stopped: list[Stop], playing: list[tuple[float,
     """(whether `said` talked over the agent, whether the agent stopped for it in time): see the module's doc."""
     hold = next((p for p in stopped if p.start <= said.start < p.end), None)
     if hold is not None:
-        talked_on = not hold.cut and hold.end < said.end and any(a < said.end and b > hold.end for a, b in playing)
-        return hold.cut or talked_on, hold.cut
+        return True, hold.cut
     if not any(a <= said.start < b for a, b in playing):
         return False, False
     first = min((p for p in stopped if p.start >= said.start), key=lambda p: p.start, default=None)
