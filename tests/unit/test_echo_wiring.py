@@ -123,7 +123,7 @@ def test_the_connection_keeps_what_played_where_it_played_across_marks_and_a_cle
         await phone.say(phone.wire.start())
         await until(lambda: registry.active)
         call = next(iter(registry.active.values()))
-        ref = call._echo.reference
+        ref = call._echo.path.reference
         assert ref is conn._played.reference and ref.rate == RATE
 
         await talk(phone, ref, clock, 5)

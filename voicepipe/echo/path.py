@@ -3,8 +3,8 @@
 The transport keeps what the agent played in a `FarEndReference` on the call's input timeline; `EchoPath` takes
 the caller's audio as it comes, advances the reference's "now" by it, estimates the echo's delay against the
 reference (`DelayEstimator`), and runs the canceller on each frame with the reference read that far back
-(`reference_lag`). Until the first delay reading the audio passes through as it came, at once (a call without
-echo never waits for whole frames).
+(`reference_lag`). Until the first delay reading the audio passes the canceller by, at once (a call without
+echo never waits for whole frames). Last, `EchoLevelGate` silences what is no louder than the echo could be.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from voicepipe.audio.l16 import float32_to_int16, int16_to_float32, require_dtype
 from voicepipe.echo.canceller import EchoCanceller, reference_lag
 from voicepipe.echo.delay import MIN_REFERENCE_RMS, DelayEstimator
+from voicepipe.echo.level_gate import EchoLevelGate
 from voicepipe.echo.reference import FarEndReference
 
 
@@ -28,6 +29,7 @@ class EchoPath:
         self.rate = reference.rate
         self.canceller = EchoCanceller(self.rate, filter_ms=filter_ms)
         self.delay = DelayEstimator(self.rate, min_delay_ms, max_delay_ms)
+        self.gate = EchoLevelGate(reference, self.delay.min_lag, self.delay.max_lag, self.canceller.frame)
         self._pending = np.zeros(0, np.int16)  # the caller's audio short of a whole frame
         self._position = 0  # input position of the first pending sample
         self._echo_in = 0.0  # the input's and the output's energy over the frames the echo's reference sounded in
@@ -48,8 +50,8 @@ class EchoPath:
         self.delay.push(ref.window(ref.received, len(samples)), int16_to_float32(samples))
         ref.received += len(samples)
         if self.delay.delay is None and not len(self._pending):  # nothing to cancel yet: no wait for whole frames
-            self._position += len(samples)
-            return samples
+            at, self._position = self._position, self._position + len(samples)
+            return self.gate.process(samples, at, None)
         pending = np.concatenate([self._pending, samples])
         frame = self.canceller.frame
         whole = len(pending) - len(pending) % frame
@@ -65,4 +67,4 @@ class EchoPath:
         if np.sqrt(np.mean(np.square(far))) >= MIN_REFERENCE_RMS:
             self._echo_in += float(np.sum(np.square(near, dtype=np.float64)))
             self._echo_out += float(np.sum(np.square(out, dtype=np.float64)))
-        return out
+        return self.gate.process(out, at, self.delay.delay, near)

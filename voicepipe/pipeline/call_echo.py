@@ -1,14 +1,17 @@
-"""Whether a call cancels the agent's echo in the caller's audio, and its canceller (`echo/path.py`): its transport's
-default (`echo.enabled`), or the call's `echo` parameter (true or false) where `calls.allow_overrides`."""
+"""A call's echo handling: whether it cancels the agent's echo in the caller's audio (its transport's default,
+`echo.enabled`, or the call's `echo` parameter, true or false, where `calls.allow_overrides`), and `CallEcho`, its
+canceller and level gate (`echo/path.py`) and its text gate (`echo/words.py`) with what they gated."""
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from voicepipe.config import Settings
 from voicepipe.echo.canceller import EchoUnavailable, load_speexdsp
 from voicepipe.echo.path import EchoPath
+from voicepipe.echo.words import AgentWords, is_echo, without_echo
 from voicepipe.observability.records import ECHO_METADATA
 
 log = logging.getLogger(__name__)
@@ -28,9 +31,57 @@ def _said(value: Any) -> bool | None:
     return _SAID.get(value) if isinstance(value, str | bool) else None
 
 
-def open_echo_path(settings: Settings, transport: str, params: dict[str, Any], output: Any, rate: int,
-                   call_id: str) -> EchoPath | None:
-    """The call's echo canceller at `rate` (the caller's audio as the VAD takes it), over the reference `output`
+class CallEcho:
+    """One call's echo: the caller's audio cleaned (`process`), and the caller's words judged (`judge`) against the
+    agent's words as they went out (`agent_said`)."""
+
+    def __init__(self, path: EchoPath, max_delay_ms: float) -> None:
+        self.path = path
+        self.words = AgentWords(max_delay_ms / 1000)
+        self.gated_segments = 0  # caller speech whose words were the agent's alone
+        self.gated_words = 0  # the agent's words taken out of the caller's
+        self.cpu_s = 0.0  # this thread's CPU in `process` (bench echo's echo_cpu_ms_per_s), and the audio it took
+        self.audio_s = 0.0
+
+    def process(self, samples):
+        started = time.thread_time()
+        out = self.path.process(samples)
+        self.cpu_s += time.thread_time() - started
+        self.audio_s += len(samples) / self.path.rate
+        return out
+
+    def agent_said(self, at: float, text: str) -> None:
+        self.words.sent(at, text)
+
+    def echo_likely(self, text: str, start: float, end: float) -> bool:
+        """Half or more of the caller's words so far (a partial, which the STT may still change) are the agent's;
+        counts nothing."""
+        return is_echo(text, self.words.around(start, end), share=0.5)
+
+    def judge(self, text: str, start: float, end: float) -> str:
+        """The caller's words `text`, heard from `start` to `end` (call seconds), less the agent's own: "" when they
+        were all echo."""
+        agent = self.words.around(start, end)
+        if is_echo(text, agent):
+            self.gated_segments += 1
+            self.gated_words += len(text.split())
+            return ""
+        kept = without_echo(text, agent)
+        if kept != text:
+            self.gated_words += len(text.split()) - len(kept.split())
+        return kept
+
+    def figures(self) -> dict[str, Any]:
+        delay = self.path.delay.delay_ms
+        return {"delay_ms": None if delay is None else round(delay, 1), "erle_db": self.path.erle_db,
+                "gated_audio_s": round(self.path.gate.gated_samples / self.path.rate, 2),
+                "gated_segments": self.gated_segments, "gated_words": self.gated_words,
+                "cpu_ms": round(1000 * self.cpu_s, 1), "audio_s": round(self.audio_s, 2)}
+
+
+def open_call_echo(settings: Settings, transport: str, params: dict[str, Any], output: Any, rate: int,
+                   call_id: str) -> CallEcho | None:
+    """The call's echo handling at `rate` (the caller's audio as the VAD takes it), over the reference `output`
     keeps of what it played; None when the call does not cancel echo or its transport keeps no reference."""
     if not wants_echo_cancelling(settings, transport, params):
         return None
@@ -43,12 +94,11 @@ def open_echo_path(settings: Settings, transport: str, params: dict[str, Any], o
         log.error("call %s: no echo cancelling: %s", call_id, exc)
         return None
     cfg = settings.echo
-    return EchoPath(keep(rate), cfg.filter_ms, cfg.min_delay_ms, cfg.max_delay_ms)
+    return CallEcho(EchoPath(keep(rate), cfg.filter_ms, cfg.min_delay_ms, cfg.max_delay_ms), cfg.max_delay_ms)
 
 
-def keep_echo_figures(metadata: dict[str, Any], path: EchoPath | None) -> None:
-    """The call record keeps its canceller's figures under `ECHO_METADATA` (and never a caller's value there)."""
+def keep_echo_figures(metadata: dict[str, Any], echo: CallEcho | None) -> None:
+    """The call record keeps its echo figures under `ECHO_METADATA` (and never a caller's value there)."""
     metadata.pop(ECHO_METADATA, None)
-    if path is not None:
-        delay = path.delay.delay_ms
-        metadata[ECHO_METADATA] = {"delay_ms": None if delay is None else round(delay, 1), "erle_db": path.erle_db}
+    if echo is not None:
+        metadata[ECHO_METADATA] = echo.figures()

@@ -79,6 +79,9 @@ class _Reply:
     segment: int = 0  # an early reply: the caller's speech segment it answers (TurnTaking.segment)
     consumed: tuple[str | None, str | None] = (None, None)  # the greeting / unanswered words its prompt took
     after: tuple[str, str | None] | None = None  # once played, a tool's action: (end_call | transfer_call, target)
+    sent_samples: int = 0  # its audio the transport has sent
+    words_sent: int = 0  # its words whose audio has begun to go out (the echo gate's record of what it said)
+    echo: bool = False  # the caller's words it answered were the agent's own, heard back: it leaves no turn
 
     @property
     def held(self) -> bool:

@@ -17,10 +17,11 @@ log = logging.getLogger("voicepipe.pipeline.session")  # the call's log lines ke
 class Interruptions:
     """CallSession's barge-in, reopen, backchannel and hold machinery (a mixin).
 
-    Reads `cfg`, `stt`, `turns`, `output`, `session`, `closed`, `res.engine`; reads and writes `_reply` and `state`
-    (an interruption hands the call back to the caller: LISTENING), `_holding`, `_turns` and `_next_timeline` (a
-    reopened turn), `_pending_assistant` / `_unanswered`, and `record` (`barge_ins`, `turns`, `greeting_heard`).
-    Uses CallSession's `_finish_turn`, `_stt_end`, `_emit`, `note`, `_since` and `_spawn`."""
+    Reads `cfg`, `stt`, `turns`, `output`, `session`, `closed`, `res.engine`, `_echo` (the echo gate); reads and
+    writes `_reply` and `state` (an interruption hands the call back to the caller: LISTENING), `_holding`, `_turns`,
+    `_stt_turn_active` (speech that was echo) and `_next_timeline` (a reopened turn), `_pending_assistant` /
+    `_unanswered`, and `record` (`barge_ins`, `turns`, `greeting_heard`). Uses CallSession's `_finish_turn`,
+    `_stt_end`, `_emit`, `note`, `_since` and `_spawn`."""
 
     def _over_agent(self) -> bool:
         """The agent's audio is going out and caller speech over it waits for its words (`calls.backchannels`)."""
@@ -32,13 +33,25 @@ class Interruptions:
         reply = self._reply
         future = asyncio.wrap_future(self.stt.peek(self._stt_end()))
         segment = self.turns.segment
-        future.add_done_callback(lambda f: self._backchannel_heard(reply, segment, f))
+        spoken = (self._next_timeline.get("speech_start", self._since()), self._since())
+        future.add_done_callback(lambda f: self._backchannel_heard(reply, segment, spoken, f))
 
-    def _backchannel_heard(self, reply: _Reply, segment: int, future: asyncio.Future) -> None:
+    def _backchannel_heard(self, reply: _Reply, segment: int, spoken: tuple[float, float],
+                           future: asyncio.Future) -> None:
         if self._reply is not reply or self.turns.segment != segment or self.closed:
             return  # the reply ended, or the caller spoke again (that speech decides)
         failed = future.cancelled() or future.exception() is not None
         text = "" if failed else future.result().text.strip()
+        if text and self._echo is not None:  # the agent's own words heard back are no words: as a noise, it goes on
+            kept = self._echo.judge(text, *spoken)
+            if kept != text:
+                log.info("call %s: %r over turn %d heard back from the agent, kept %r", self.call_id, text,
+                         reply.turn, kept)
+                self.note("echo_gated", turn=reply.turn, text=text, kept=kept)
+            if not kept:  # its audio is no caller's turn: the caller's next words start their own
+                self.stt.cancel_turn()
+                self._stt_turn_active = False
+            text = kept
         if text and not is_backchannel(text):
             self._barge_in()
             return

@@ -46,7 +46,7 @@ from voicepipe.llm.errors import LLMError
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.records import CallRecord, TurnRecord
 from voicepipe.observability.timeline import derive_timings
-from voicepipe.pipeline.call_echo import keep_echo_figures, open_echo_path
+from voicepipe.pipeline.call_echo import keep_echo_figures, open_call_echo
 from voicepipe.pipeline.call_types import AgentOutput, CallState, _Reply
 from voicepipe.pipeline.early_reply import EarlyReplies
 from voicepipe.pipeline.housekeeping import Housekeeping
@@ -102,7 +102,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self.state = CallState.LISTENING
         self.input_rate = input_rate
         self._resampler = StreamResampler(input_rate, PIPELINE_RATE) if input_rate != PIPELINE_RATE else None
-        self._echo = open_echo_path(settings, transport, params, output, PIPELINE_RATE, self.call_id)
+        self._echo = open_call_echo(settings, transport, params, output, PIPELINE_RATE, self.call_id)
         self.session = None  # llm Session
         self.detector = None
         self.turns: TurnTaking | None = None
@@ -411,10 +411,16 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             self._next_timeline.setdefault("first_partial", at)
         self.note("stt_partial", turn=turn, text=text)
         self._emit("transcript", {"text": text, "final": False, "turn": turn})
-        if self._over_agent() and self._speech_start is not None and text.strip() and not is_backchannel(text):
-            self._barge_in()  # the caller's words over the agent are more than a backchannel
-            return
+        if (self._over_agent() and self._speech_start is not None and text.strip() and not is_backchannel(text)
+                and not self._agent_heard_back(text)):
+            self._barge_in()  # the caller's words over the agent are more than a backchannel (or its echo: the
+            return  # speech's end decides on all its words, `_check_backchannel`, with the agent held meanwhile)
         self._prefill_caller_words(stable)
+
+    def _agent_heard_back(self, text: str) -> bool:
+        """The caller's words so far may be the agent's own, heard back (the echo gate, where the call cancels echo)."""
+        start = self._next_timeline.get("speech_start", self._since())
+        return self._echo is not None and self._echo.echo_likely(text, start, self._since())
 
     def _prefill_caller_words(self, stable: str) -> None:
         """The caller is still speaking: the LLM may prefill the words committed so far, as `_generate` will send
@@ -466,8 +472,10 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
 
     def agent_audio_sent(self, turn: int, samples: np.ndarray, rate: int) -> None:
         """The transport sent agent audio of `turn` to the caller (reported by the transport as it sends)."""
-        reply = self._reply
-        record = reply.record if reply is not None and reply.turn == turn else None
+        reply = self._reply if self._reply is not None and self._reply.turn == turn else None
+        if reply is not None and self._echo is not None:
+            self._agent_words_out(reply, len(samples))
+        record = reply.record if reply is not None else None
         if record is not None and "first_audio_sent" not in record.timeline:
             record.timeline["first_audio_sent"] = self._since()
             ms = derive_timings(record.timeline)
@@ -479,12 +487,28 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                                                "samples": int(samples.size)})
             self.observers.audio(self.record, "agent", samples, rate, now)
 
+    def _agent_words_out(self, reply: _Reply, samples: int) -> None:
+        """`samples` more of `reply`'s audio went out: the echo gate learns the words they began."""
+        reply.sent_samples += samples
+        heard = reply.stream.cursor.heard(reply.sent_samples)
+        words = [*heard.words, heard.current] if heard.current is not None else list(heard.words)
+        now = self._since()
+        for word in words[reply.words_sent:]:
+            self._echo.agent_said(now, word.text)
+        reply.words_sent = max(reply.words_sent, len(words))
+
     def _finish_turn(self, reply: _Reply) -> None:
         """Report a caller turn once: played out, interrupted, failed, or cut by the end of the call."""
         record = reply.record
         if record is None or reply.finished:
             return
         reply.finished = True
+        if reply.echo:  # the agent's own words, heard back: no turn
+            if record in self.record.turns:
+                self.record.turns.remove(record)
+            if self._turns == reply.turn:
+                self._turns -= 1
+            return
         record.timings_ms.update(derive_timings(record.timeline))
         self.note("turn", turn=record.turn, user_text=record.user_text, agent_text=record.agent_text,
                   heard_text=record.heard_text, interrupted=record.interrupted, timings_ms=record.timings_ms,
@@ -511,7 +535,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 # Shielded: a barge-in while this waits cancels the reply, not the caller's words (see below).
                 transcript = await asyncio.shield(asyncio.wrap_future(reply.transcript))
                 record.timeline["final_transcript"] = self._since()
-                text = transcript.text.strip()
+                text = self._without_echo(reply, transcript.text.strip())
                 record.user_text = text
                 self.note("stt_final", turn=reply.turn, text=text)
                 self._emit_for(reply, "transcript", {"text": text, "final": True, "turn": reply.turn})
@@ -519,6 +543,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                     self.turns.text_known(reply.segment, None)  # no words to score: the decision need not wait
                     await self._chores_done()  # a barge-in's late transcript may still be on its way
                     if not self._unanswered:
+                        reply.echo = bool(transcript.text.strip())  # words, all of them echo: no turn at all
                         reply.stream.cancel()
                         return
                 await self._generate(reply, record, text)
@@ -538,6 +563,18 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             reply.stream.cancel()
         finally:
             self._reply_done(reply)
+
+    def _without_echo(self, reply: _Reply, text: str) -> str:
+        """The turn's words less the agent's own, heard back (the echo gate, where the call cancels echo)."""
+        if self._echo is None or not text:
+            return text
+        timeline = reply.record.timeline
+        now = self._since()
+        kept = self._echo.judge(text, timeline.get("speech_start", now), timeline.get("speech_end", now))
+        if kept != text:
+            log.info("call %s: turn %d: %r heard back from the agent, kept %r", self.call_id, reply.turn, text, kept)
+            self.note("echo_gated", turn=reply.turn, text=text, kept=kept)
+        return kept
 
     async def _chores_done(self) -> None:
         chores = [t for t in self._tasks if not t.done()]

@@ -1,0 +1,126 @@
+"""The echo gate: the level gate silences echo the canceller left and lets a caller who talks over the agent
+through (`echo/level_gate.py`, on `echo/simulate.py`'s echo path), and the text gate tells the agent's own words
+heard back from a caller's (`echo/words.py`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from voicepipe.audio.l16 import float32_to_int16
+from voicepipe.echo.path import EchoPath
+from voicepipe.echo.reference import FarEndReference
+from voicepipe.echo.simulate import NOISE_RMS, echo_of, microphone, mulaw, spoken
+from voicepipe.echo.words import AgentWords, is_echo, without_echo
+
+RATE = 16000
+FRAME = 320
+AGENT = ["Thank you for calling the city library, how can I help you today?",
+         "Your books are due back on the fourteenth of next month.",
+         "I can renew them for another three weeks if you would like."]
+CALLER_AT_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def far() -> np.ndarray:
+    pause = np.zeros(RATE // 2, np.float32)
+    return mulaw(0.5 * np.concatenate([np.concatenate([spoken(text, RATE), pause]) for text in AGENT]))
+
+
+@pytest.fixture(scope="module")
+def caller() -> np.ndarray:
+    return 0.5 * spoken("Actually I wanted to ask about the opening hours on Sunday.", RATE, voice="en-us+f3",
+                        speed=1.1)
+
+
+def gated(far: np.ndarray, near: np.ndarray, delay_ms: float, level_db: float) -> tuple[np.ndarray, np.ndarray]:
+    """The caller's microphone (`near` plus the echo of `far`) through a call's echo path; (input, output) frames
+    (the agent's audio all placed before the call hears any, as a reference keeps it)."""
+    reference = FarEndReference(RATE, capacity_s=30.0)
+    reference.append(far, at=0)
+    path = EchoPath(reference)
+    mic = float32_to_int16(microphone(echo_of(far, RATE, delay_ms, level_db), near))
+    out = np.concatenate([path.process(mic[i:i + FRAME]) for i in range(0, len(mic), FRAME)])
+    whole = len(out) // FRAME * FRAME
+    return mic[:whole].reshape(-1, FRAME), out[:whole].reshape(-1, FRAME)
+
+
+def frame_power(frames: np.ndarray) -> np.ndarray:
+    return np.mean(np.square(frames.astype(np.float64) / 32768), axis=1)
+
+
+@pytest.mark.parametrize("delay_ms", [20, 150, 400])
+@pytest.mark.parametrize("level_db", [-6, -20, -40])
+def test_echo_alone_is_silenced_and_a_caller_talking_over_the_agent_passes(far, caller, delay_ms, level_db) -> None:
+    near = np.zeros_like(far)
+    start = int(CALLER_AT_S * RATE)
+    near[start:start + len(caller)] = caller
+    heard, out = gated(far, near, delay_ms, level_db)
+    talking = np.mean(np.square(near[: heard.size].reshape(-1, FRAME)), axis=1) > 1e-4  # the caller's voiced frames
+    echo_alone = ~talking
+    echo_alone[int(CALLER_AT_S * RATE) // FRAME:] = False  # (the agent stops after the caller, as a barge-in does)
+    # What comes through of the echo alone is at least 20 dB under what came (Speex alone: 5-16 dB in real calls).
+    # At -40 dB the echo is barely over the line's noise floor: what comes through is no louder than that noise.
+    kept = frame_power(out)[echo_alone].sum() / frame_power(heard)[echo_alone].sum()
+    assert kept <= 0.01 or frame_power(out)[echo_alone].mean() <= 2 * NOISE_RMS**2, kept
+    # The caller's speech over the agent passes, but for a few soft frames.
+    assert (frame_power(out)[talking] > 0).mean() >= 0.9
+
+
+def test_a_caller_with_no_echo_on_the_line_passes_whole_while_the_agent_talks(far, caller) -> None:
+    near = np.zeros_like(far)
+    near[2 * RATE:][: len(caller)] = caller  # once the gate has measured the line (before: docs/echo.md)
+    near[int(CALLER_AT_S * RATE):][: len(caller)] = caller
+    reference = FarEndReference(RATE, capacity_s=30.0)
+    reference.append(far, at=0)
+    path = EchoPath(reference)
+    mic = float32_to_int16(microphone(np.zeros_like(far), near))
+    out = np.concatenate([path.process(mic[i:i + FRAME]) for i in range(0, len(mic), FRAME)])
+    frames = len(out) // FRAME * FRAME
+    talking = np.mean(np.square(near[:frames].reshape(-1, FRAME)), axis=1) > 1e-4
+    untouched = np.all(out[:frames].reshape(-1, FRAME) == mic[:frames].reshape(-1, FRAME), axis=1)
+    assert untouched[talking].mean() >= 0.98  # (frames of the line's noise alone may be silenced: harmless)
+
+
+def test_the_agents_words_are_kept_by_when_they_went_out_and_found_around_a_callers_speech() -> None:
+    words = AgentWords(echo_delay_s=0.5)
+    words.sent(10.0, "The capital")
+    words.sent(10.4, "of France is Paris.")
+    words.sent(40.0, "Goodbye.")  # 30 s later: the first words are forgotten
+    assert words.around(41.0, 42.0) == ["goodbye"]
+    words = AgentWords(echo_delay_s=0.5)
+    words.sent(10.0, "The capital")
+    words.sent(12.0, "of France")
+    assert words.around(11.0, 11.5) == ["the", "capital"]  # sent 1 s before: may still play, then echo
+    assert words.around(12.5, 13.0) == ["of", "france"]
+    assert words.around(9.0, 9.5) == []  # the caller spoke before the agent did
+
+
+@pytest.mark.parametrize(("text", "echo"), [
+    ("the capital of France", True),
+    ("The child.", True),  # "children", as the STT hears it in an echo
+    ("capital", True),
+    ("No, I said London", False),
+    ("the capital of Spain please", False),  # a caller repeating some of the agent's words, with their own
+    ("", False),
+])
+def test_a_callers_words_are_echo_only_when_all_are_the_agents(text, echo) -> None:
+    agent = ["the", "capital", "of", "france", "is", "paris", "and", "the", "children", "love", "it"]
+    assert is_echo(text, agent) is echo
+
+
+def test_half_the_words_make_a_partial_likely_echo_but_not_a_turn() -> None:
+    agent = ["it's", "a", "bit", "of", "a", "non", "local", "day"]
+    assert not is_echo("that's a bit of rain", agent)
+    assert is_echo("that's a bit of rain", ["its", *agent], share=0.5)
+
+
+def test_with_no_agent_words_around_nothing_is_echo() -> None:
+    assert not is_echo("the capital of France", [])
+    assert without_echo("the capital of France", []) == "the capital of France"
+
+
+def test_a_run_of_the_agents_words_is_taken_out_of_the_callers_and_two_words_stay() -> None:
+    agent = ["your", "table", "for", "two", "is", "booked", "for", "friday", "evening"]
+    assert without_echo("booked for Friday wait I said Saturday", agent) == "wait i said saturday"
+    assert without_echo("no Friday is wrong", agent) == "no Friday is wrong"  # two words: the caller's too

@@ -1,0 +1,70 @@
+"""The text gate: caller words that are the agent's own words, heard back as they played.
+
+What the canceller and the level gate leave of the echo can still reach the STT as words. The agent knows what it
+said and when each word went out (`AgentWords`, fed from the TTS's word alignment as the transport sends the
+audio), so words heard over it, or in its echo's tail, are compared with the agent's words of that moment: a
+caller transcript made of them is echo (`is_echo`), and a run of them inside a caller's own words is taken out
+(`without_echo`). Words match when they are the same once normalised, or close in spelling (the STT hears
+"children" in an echo as "child"), so a caller's different words are kept.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from difflib import SequenceMatcher
+
+from voicepipe.turns.backchannel import normalise
+
+SIMILAR = 0.75  # a heard word this close in spelling to an agent word is that word (`SequenceMatcher.ratio`)
+WORD_S = 1.0  # a word sent this long before a caller's speech may still have been playing as it began
+KEPT_S = 30.0  # the agent's words are remembered this long
+ECHO_RUN = 3  # this many of the agent's words in a row inside a caller's are echo (two, "Friday is", the caller's too)
+
+
+class AgentWords:
+    """The agent's words, each with when its audio went out to the caller (seconds of the call)."""
+
+    def __init__(self, echo_delay_s: float) -> None:
+        self.echo_delay_s = echo_delay_s  # the longest echo delay searched: how late a word may come back
+        self._words: deque[tuple[float, str]] = deque()
+
+    def sent(self, at: float, text: str) -> None:
+        """The audio of the agent's word `text` started to go out at `at`."""
+        self._words.extend((at, word) for word in normalise(text).split())
+        while self._words and self._words[0][0] < at - KEPT_S:
+            self._words.popleft()
+
+    def around(self, start: float, end: float) -> list[str]:
+        """The agent's words whose echo can fall in the caller's speech from `start` to `end`, in order."""
+        first = start - self.echo_delay_s - WORD_S
+        return [word for at, word in self._words if first <= at <= end]
+
+
+def _matches(heard: list[str], agent: list[str]) -> list[bool]:
+    said = set(agent)
+    return [w in said or any(SequenceMatcher(None, w, a).ratio() >= SIMILAR for a in said) for w in heard]
+
+
+def is_echo(text: str, agent: list[str], share: float = 1.0) -> bool:
+    """The caller's `text` is the agent's words (`agent`: `AgentWords.around` the speech): all of them, or at
+    least `share` of them. "" is not."""
+    heard = normalise(text).split()
+    return bool(heard) and bool(agent) and sum(_matches(heard, agent)) >= share * len(heard)
+
+
+def without_echo(text: str, agent: list[str]) -> str:
+    """The caller's `text` less each run of `ECHO_RUN` or more words in a row that are the agent's (fewer the caller
+    may well have said too); normalised words, or `text` itself when nothing was taken out."""
+    heard = normalise(text).split()
+    matched = _matches(heard, agent) if agent else [False] * len(heard)
+    kept: list[str] = []
+    run: list[str] = []
+    for word, echo in zip(heard, matched, strict=True):
+        if echo:
+            run.append(word)
+            continue
+        kept.extend(run if len(run) < ECHO_RUN else [])
+        run = []
+        kept.append(word)
+    kept.extend(run if len(run) < ECHO_RUN else [])
+    return text if len(kept) == len(heard) else " ".join(kept)
