@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from voicepipe.audio.l16 import float32_to_int16
+from voicepipe.echo.level_gate import EchoLevelGate
 from voicepipe.echo.path import EchoPath
 from voicepipe.echo.reference import FarEndReference
 from voicepipe.echo.simulate import NOISE_RMS, echo_of, microphone, mulaw, spoken
@@ -124,3 +125,13 @@ def test_a_run_of_the_agents_words_is_taken_out_of_the_callers_and_two_words_sta
     agent = ["your", "table", "for", "two", "is", "booked", "for", "friday", "evening"]
     assert without_echo("booked for Friday wait I said Saturday", agent) == "wait i said saturday"
     assert without_echo("no Friday is wrong", agent) == "no Friday is wrong"  # two words: the caller's too
+
+
+def test_the_gate_looks_for_the_echo_over_every_delay_its_last_readings_put_it_at(far) -> None:
+    reference = FarEndReference(RATE, capacity_s=30.0)
+    reference.append(far, at=0)
+    gate = EchoLevelGate(reference, 0, 8000, FRAME)
+    at = int(0.4 * RATE)  # the echo at 150 ms of the agent's first words (nothing played 452 ms before)
+    block = float32_to_int16(0.3 * far[at - int(0.15 * RATE):][:FRAME])
+    assert np.array_equal(gate.process(block, at, (7232, 7232)), block)  # a spurious reading alone: missed
+    assert not gate.process(block, at, (2400, 7232)).any()  # with the true one among the last readings: gated

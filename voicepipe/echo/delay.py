@@ -58,6 +58,12 @@ class DelayEstimator:
         return int(np.median(self._readings)) if self._readings else None
 
     @property
+    def span(self) -> tuple[int, int] | None:
+        """The shortest and the longest of the last readings, in samples (None before the first): where the echo may
+        be. One spurious reading moves the median little, but the echo may still be where it says."""
+        return (min(self._readings), max(self._readings)) if self._readings else None
+
+    @property
     def delay_ms(self) -> float | None:
         delay = self.delay
         return None if delay is None else 1000 * delay / self.rate

@@ -17,7 +17,10 @@ after it: in real calls the first few hundred ms of each reply came back nearly 
 filter relearns as the reply's alignment moves by some ms), and a coupling measured after the canceller let those
 through.
 
-Before the echo's delay is known the whole searched range of delays counts (the echo is somewhere in it), and the
+Around the echo's delay means from the shortest to the longest of the delay estimate's last readings: in a call the
+estimate once jumped from 150 to 452 ms (a spurious reading or two), and the echo at 150 ms then came through the
+gate, which looked for it at 452 ms. Before the delay is known the whole searched range of delays counts (the echo
+is somewhere in it), and the
 coupling is measured only from the longest searched delay after the agent's first sound on (before that, its echo
 may not have come yet). Until there is history to measure, the threshold is its cap: a caller as loud as the
 agent's loudest audio passes.
@@ -73,14 +76,16 @@ class EchoLevelGate:
         margin = MARGIN_DB if aligned else UNALIGNED_MARGIN_DB
         return float(np.clip(np.percentile(self._levels, COUPLING_PERCENTILE) + margin, FLOOR_DB, CAP_DB))
 
-    def process(self, block: np.ndarray, position: int, delay: int | None, raw: np.ndarray | None = None) -> np.ndarray:
+    def process(self, block: np.ndarray, position: int, delays: tuple[int, int] | None,
+                raw: np.ndarray | None = None) -> np.ndarray:
         """`block` (int16, after the canceller; `raw` before it, None: the same) heard at input position `position`;
-        `delay` the echo's estimated delay (None: not yet known). Returns it, or silence where it is echo."""
-        far = self._far_level(position, len(block), delay)
+        `delays` the echo's delays the estimate's readings span, in samples (None: not yet known). Returns it, or
+        silence where it is echo."""
+        far = self._far_level(position, len(block), delays)
         if far is None:
             return block
-        if self._aligned != (delay is not None):  # levels against the whole range of delays sit lower: start again
-            self._aligned = delay is not None
+        if self._aligned != (delays is not None):  # levels against the whole range of delays sit lower: start again
+            self._aligned = delays is not None
             self._levels.clear()
         loud = _level_db(block, far) >= self.threshold_db(self._aligned)
         if loud and self._passed_last:
@@ -89,20 +94,20 @@ class EchoLevelGate:
         if self._first_sound is None:
             self._first_sound = position
         caller = position < self._open_until  # the caller talks: their level is not the echo's
-        if not caller and (delay is not None or position - self._first_sound >= self.max_lag):
+        if not caller and (delays is not None or position - self._first_sound >= self.max_lag):
             self._levels.append(_level_db(block if raw is None else raw, far))
         if loud or caller:
             return block
         self.gated_samples += len(block)
         return np.zeros_like(block)
 
-    def _far_level(self, position: int, count: int, delay: int | None) -> float | None:
+    def _far_level(self, position: int, count: int, delays: tuple[int, int] | None) -> float | None:
         """The loudest 10 ms of the reference (mean square) whose echo can fall in [position, position + count);
         None when it is below `MIN_REFERENCE_RMS` (the agent was silent)."""
-        if delay is None:
+        if delays is None:
             low, high = self.min_lag, self.max_lag + self._tail
         else:
-            low, high = max(0, delay - self._lead), delay + self._tail
+            low, high = max(0, delays[0] - self._lead), delays[1] + self._tail
         window = self.reference.window(position - high, count + high - low)
         blocks = len(window) // self._block
         if not blocks:

@@ -67,4 +67,4 @@ class EchoPath:
         if np.sqrt(np.mean(np.square(far))) >= MIN_REFERENCE_RMS:
             self._echo_in += float(np.sum(np.square(near, dtype=np.float64)))
             self._echo_out += float(np.sum(np.square(out, dtype=np.float64)))
-        return self.gate.process(out, at, self.delay.delay, near)
+        return self.gate.process(out, at, self.delay.span, near)
