@@ -1,7 +1,7 @@
 """`voicepipe replay` against a real server with the real default models.
 
 The shipped suite (tests/calls/, caller audio built from espeak-ng and Piper speech and sox noise) passes (its
-speakerphone case, which waits for the echo gate, is run on its own and expected to fail until then); a
+speakerphone case in a test of its own, one call at a time: the echo of its own replies is mixed in live); a
 deliberately broken setting fails the right case with a readable report and a non-zero exit; a call recorded by
 the observability recorder becomes a case (`replay init`) that replays green.
 
@@ -67,7 +67,7 @@ def copy_case(source: Path, target: Path, **replace: str) -> Path:
 
 
 def test_the_shipped_suite_passes_and_goldens_are_written(suite, server, tmp_path: Path) -> None:
-    # The speakerphone case waits for the echo gate: its own test below.
+    # The speakerphone case: its own test below.
     cases = [shutil.copytree(case, tmp_path / case.name) for case in suite if case.name != "echo"]
     lines: list[str] = []
     started = time.monotonic()
@@ -91,8 +91,6 @@ def test_the_shipped_suite_passes_and_goldens_are_written(suite, server, tmp_pat
     assert any(line.startswith("--- ") and "booking" in line for line in lines)
 
 
-@pytest.mark.xfail(reason="the echo gate (issue 36) is not in yet: the agent's echo joins a turn or cuts a reply",
-                   strict=False)
 def test_a_speakerphone_caller_has_one_turn_per_utterance_and_cuts_no_reply(suite, server, tmp_path: Path) -> None:
     """The echo case: the replay mixes the echo of this call's own replies into the caller's channel (150 ms,
     -10 dB); with echo cancelling on, the echo must start no turn and interrupt no reply."""
