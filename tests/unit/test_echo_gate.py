@@ -34,14 +34,19 @@ def caller() -> np.ndarray:
                         speed=1.1)
 
 
-def gated(far: np.ndarray, near: np.ndarray, delay_ms: float, level_db: float) -> tuple[np.ndarray, np.ndarray]:
-    """The caller's microphone (`near` plus the echo of `far`) through a call's echo path; (input, output) frames
-    (the agent's audio all placed before the call hears any, as a reference keeps it)."""
+def through_path(far: np.ndarray, mic: np.ndarray) -> tuple[EchoPath, np.ndarray]:
+    """The caller's microphone `mic` (int16) through a call's echo path over the agent's audio `far` (all placed
+    before the call hears any, as a reference keeps it); the path and what came out."""
     reference = FarEndReference(RATE, capacity_s=30.0)
     reference.append(far, at=0)
     path = EchoPath(reference)
+    return path, np.concatenate([path.process(mic[i:i + FRAME]) for i in range(0, len(mic), FRAME)])
+
+
+def gated(far: np.ndarray, near: np.ndarray, delay_ms: float, level_db: float) -> tuple[np.ndarray, np.ndarray]:
+    """The caller's microphone (`near` plus the echo of `far`) through a call's echo path; (input, output) frames."""
     mic = float32_to_int16(microphone(echo_of(far, RATE, delay_ms, level_db), near))
-    out = np.concatenate([path.process(mic[i:i + FRAME]) for i in range(0, len(mic), FRAME)])
+    _, out = through_path(far, mic)
     whole = len(out) // FRAME * FRAME
     return mic[:whole].reshape(-1, FRAME), out[:whole].reshape(-1, FRAME)
 
@@ -72,15 +77,25 @@ def test_a_caller_with_no_echo_on_the_line_passes_whole_while_the_agent_talks(fa
     near = np.zeros_like(far)
     near[2 * RATE:][: len(caller)] = caller  # once the gate has measured the line (before: docs/echo.md)
     near[int(CALLER_AT_S * RATE):][: len(caller)] = caller
-    reference = FarEndReference(RATE, capacity_s=30.0)
-    reference.append(far, at=0)
-    path = EchoPath(reference)
     mic = float32_to_int16(microphone(np.zeros_like(far), near))
-    out = np.concatenate([path.process(mic[i:i + FRAME]) for i in range(0, len(mic), FRAME)])
+    _, out = through_path(far, mic)
     frames = len(out) // FRAME * FRAME
     talking = np.mean(np.square(near[:frames].reshape(-1, FRAME)), axis=1) > 1e-4
     untouched = np.all(out[:frames].reshape(-1, FRAME) == mic[:frames].reshape(-1, FRAME), axis=1)
     assert untouched[talking].mean() >= 0.98  # (frames of the line's noise alone may be silenced: harmless)
+
+
+@pytest.mark.parametrize(("delay_ms", "level_db", "erl_db"), [(20, -6, 8), (400, -20, 22)])
+def test_the_gate_reads_the_lines_echo_return_loss_once_it_knows_the_delay(far, delay_ms, level_db, erl_db) -> None:
+    mic = float32_to_int16(microphone(echo_of(far, RATE, delay_ms, level_db), np.zeros_like(far)))
+    path, _ = through_path(far, mic)
+    assert path.gate.erl_db == pytest.approx(erl_db, abs=1.5)  # 2 dB over the echo's loss (the module docstring)
+
+
+def test_a_line_with_no_echo_has_no_echo_return_loss(far) -> None:
+    path, _ = through_path(far, float32_to_int16(microphone(np.zeros_like(far), np.zeros_like(far))))
+    assert len(path.gate._levels) and path.delay.delay is None  # history, but against no delay: no figure
+    assert path.gate.erl_db is None
 
 
 def test_the_agents_words_are_kept_by_when_they_went_out_and_found_around_a_callers_speech() -> None:

@@ -10,8 +10,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# A call's metadata key for its echo canceller's figures: {"delay_ms": the estimated echo delay (None: no echo
-# found), "erle_db": the echo return loss enhancement (None: no echo found)}, set when the call ends.
+# A call's metadata key for its echo canceller's figures (`pipeline/call_echo.py`, `CallEcho.figures`), set when the
+# call ends: "delay_ms" the estimated echo delay, "erle_db" the echo return loss enhancement, "erl_db" the echo
+# return loss (each None: no echo found), "gated_audio_s", "gated_segments", "gated_words" (what the echo gate took).
 ECHO_METADATA = "echo_canceller"
 
 

@@ -74,6 +74,7 @@ class CallEcho:
     def figures(self) -> dict[str, Any]:
         delay = self.path.delay.delay_ms
         return {"delay_ms": None if delay is None else round(delay, 1), "erle_db": self.path.erle_db,
+                "erl_db": self.path.gate.erl_db,
                 "gated_audio_s": round(self.path.gate.gated_samples / self.path.rate, 2),
                 "gated_segments": self.gated_segments, "gated_words": self.gated_words,
                 "cpu_ms": round(1000 * self.cpu_s, 1), "audio_s": round(self.audio_s, 2)}
