@@ -21,7 +21,7 @@ from voicepipe.echo.reference import FarEndReference
 from voicepipe.echo.simulate import echo_of, microphone, spoken
 from voicepipe.observability.records import ECHO_METADATA
 from voicepipe.pipeline import CallRegistry, CallSession
-from voicepipe.pipeline.call_echo import wants_echo_cancelling
+from voicepipe.pipeline.call_echo import CallEcho, wants_echo_cancelling
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.serializers import make_caller_serializer, make_serializer
 
@@ -256,6 +256,21 @@ def test_the_callers_audio_reaches_the_vad_cleaned_of_the_echo_only_when_the_cal
     figures = call.record.metadata[ECHO_METADATA]
     assert abs(figures["delay_ms"] - 150) <= 2 and figures["erle_db"] > 10, figures
     assert 10 <= figures["erl_db"] <= 14, figures  # the echo's 10 dB, read up to 2 dB over (level_gate.py)
+
+
+def test_the_text_gate_counts_what_it_took_out_of_the_callers_words_and_keeps_each_for_the_record() -> None:
+    echo = CallEcho(EchoPath(FarEndReference(RATE)), max_delay_ms=500)
+    said = "Your books are due back on the fourteenth of next month."
+    for i, word in enumerate(said.split()):
+        echo.agent_said(1.0 + 0.25 * i, word)  # word by word, as they go out
+    assert echo.judge("your books are due back", 1.2, 2.5, turn=2) == ""
+    assert echo.judge("yes on the fourteenth of next month I know", 2.5, 4.5, turn=2) == "yes i know"
+    assert echo.judge("can I renew them", 5.0, 6.0, turn=3) == "can I renew them"  # the caller's own: not counted
+    figures = echo.figures()
+    assert (figures["gated_segments"], figures["gated_words"]) == (1, 5 + 6)
+    assert figures["gated_speech"] == [
+        {"t": 1.2, "turn": 2, "text": "your books are due back", "kept": ""},
+        {"t": 2.5, "turn": 2, "text": "yes on the fourteenth of next month I know", "kept": "yes i know"}]
 
 
 def test_without_an_echo_found_the_callers_audio_passes_at_once_whatever_its_chunks() -> None:

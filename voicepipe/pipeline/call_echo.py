@@ -40,6 +40,7 @@ class CallEcho:
         self.words = AgentWords(max_delay_ms / 1000)
         self.gated_segments = 0  # caller speech whose words were the agent's alone
         self.gated_words = 0  # the agent's words taken out of the caller's
+        self.gated_speech: list[dict[str, Any]] = []  # each time it did: {t, turn, text, kept} (`judge`)
         self.cpu_s = 0.0  # this thread's CPU in `process` (bench echo's echo_cpu_ms_per_s), and the audio it took
         self.audio_s = 0.0
 
@@ -58,17 +59,18 @@ class CallEcho:
         counts nothing."""
         return is_echo(text, self.words.around(start, end), share=0.5)
 
-    def judge(self, text: str, start: float, end: float) -> str:
-        """The caller's words `text`, heard from `start` to `end` (call seconds), less the agent's own: "" when they
-        were all echo."""
+    def judge(self, text: str, start: float, end: float, turn: int) -> str:
+        """The caller's words `text`, heard from `start` to `end` (call seconds) in or over `turn`, less the agent's
+        own: "" when they were all echo."""
         agent = self.words.around(start, end)
         if is_echo(text, agent):
             self.gated_segments += 1
-            self.gated_words += len(text.split())
-            return ""
-        kept = without_echo(text, agent)
+            kept = ""
+        else:
+            kept = without_echo(text, agent)
         if kept != text:
             self.gated_words += len(text.split()) - len(kept.split())
+            self.gated_speech.append({"t": round(start, 2), "turn": turn, "text": text, "kept": kept})
         return kept
 
     def figures(self) -> dict[str, Any]:
@@ -77,6 +79,7 @@ class CallEcho:
                 "erl_db": self.path.gate.erl_db,
                 "gated_audio_s": round(self.path.gate.gated_samples / self.path.rate, 2),
                 "gated_segments": self.gated_segments, "gated_words": self.gated_words,
+                "gated_speech": self.gated_speech,
                 "cpu_ms": round(1000 * self.cpu_s, 1), "audio_s": round(self.audio_s, 2)}
 
 

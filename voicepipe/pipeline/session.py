@@ -570,7 +570,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             return text
         timeline = reply.record.timeline
         now = self._since()
-        kept = self._echo.judge(text, timeline.get("speech_start", now), timeline.get("speech_end", now))
+        kept = self._echo.judge(text, timeline.get("speech_start", now), timeline.get("speech_end", now), reply.turn)
         if kept != text:
             log.info("call %s: turn %d: %r heard back from the agent, kept %r", self.call_id, reply.turn, text, kept)
             self.note("echo_gated", turn=reply.turn, text=text, kept=kept)
