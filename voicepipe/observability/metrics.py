@@ -6,7 +6,8 @@ process do not collide. Four sources feed it:
 - the calls, as a `CallObserver` (`turn_finished`: voice-to-voice, response, STT final, TTS first audio, send
   delay, DTMF response, the end-of-turn wait, reopened turns, tool call latency, turn errors; `event` "barge_in"
   (the greeting's too);
-  `call_started`/`call_ended`: active calls, calls by outcome, call errors, the echo canceller's delay and ERLE);
+  `call_started`/`call_ended`: active calls, calls by outcome, call errors, and from the call's echo figures the
+  echo delay, ERLE and ERL and what the echo gate gated);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
   and API requests' alike, so each request is counted once);
 - the app's event loop, through `loop_lag.watch_loop_lag` (`loop_lag`: how late the loop runs, no labels);
@@ -64,9 +65,10 @@ TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5,
 LOOP_LAG = "voicepipe_event_loop_lag_seconds"
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-# A call's echo canceller (docs/echo.md): the echo path's delay (0-500 ms searched) and the echo it took out.
+# A call's echo canceller (docs/echo.md): the echo path's delay (0-500 ms searched), the echo it took out (ERLE)
+# and how much quieter the echo came back (ERL: 8-38 dB on the simulated echo at -6 to -40 dB, echo/level_gate.py).
 ECHO_DELAY_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
-ERLE_BUCKETS = (0.0, 3.0, 6.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0)
+ECHO_DB_BUCKETS = (0.0, 3.0, 6.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0)
 
 ACCEPTANCE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -142,7 +144,18 @@ class Metrics:
                                     buckets=ECHO_DELAY_BUCKETS, registry=self.registry)
         self.echo_erle = Histogram("voicepipe_echo_erle_db", "The echo a call's echo canceller took out (echo return "
                                    "loss enhancement, dB; calls that found an echo).", ["transport"],
-                                   buckets=ERLE_BUCKETS, registry=self.registry)
+                                   buckets=ECHO_DB_BUCKETS, registry=self.registry)
+        self.echo_erl = Histogram("voicepipe_echo_erl_db", "How much quieter a call's echo came back than the agent's "
+                                  "audio, before the canceller (echo return loss, dB; calls that found an echo).",
+                                  ["transport"], buckets=ECHO_DB_BUCKETS, registry=self.registry)
+        self.echo_gated_audio = Counter("voicepipe_echo_gated_audio_seconds", "Caller audio the echo gate silenced "
+                                        "as echo (its level gate), in calls that cancel echo.", ["transport"],
+                                        registry=self.registry)
+        self.echo_gated_segments = Counter("voicepipe_echo_gated_segments", "Caller speech whose words the echo "
+                                           "gate took for the agent's own alone (its text gate).", ["transport"],
+                                           registry=self.registry)
+        self.echo_gated_words = Counter("voicepipe_echo_gated_words", "The agent's own words the echo gate took out "
+                                        "of the caller's (its text gate).", ["transport"], registry=self.registry)
         self.loop_lag = Histogram(LOOP_LAG, f"How late the event loop woke a {INTERVAL_S * 1000:.0f} ms timer: "
                                   "every call's audio and turn-taking waited as long.",
                                   buckets=LOOP_LAG_BUCKETS, registry=self.registry)
@@ -230,6 +243,16 @@ class Metrics:
         if call.outcome == "error":
             self.count_error("call")
         echo = call.metadata.get(ECHO_METADATA)
-        if isinstance(echo, dict) and echo.get("delay_ms") is not None and echo.get("erle_db") is not None:
-            self.echo_delay.labels(call.transport).observe(echo["delay_ms"] / 1000.0)
-            self.echo_erle.labels(call.transport).observe(echo["erle_db"])
+        if isinstance(echo, dict):
+            self._echo_ended(call.transport, echo)
+
+    def _echo_ended(self, transport: str, echo: dict[str, Any]) -> None:
+        """A call that cancelled echo ended with these figures (`CallEcho.figures`)."""
+        if echo.get("delay_ms") is not None and echo.get("erle_db") is not None:
+            self.echo_delay.labels(transport).observe(echo["delay_ms"] / 1000.0)
+            self.echo_erle.labels(transport).observe(echo["erle_db"])
+        if echo.get("erl_db") is not None:
+            self.echo_erl.labels(transport).observe(echo["erl_db"])
+        self.echo_gated_audio.labels(transport).inc(echo.get("gated_audio_s", 0))
+        self.echo_gated_segments.labels(transport).inc(echo.get("gated_segments", 0))
+        self.echo_gated_words.labels(transport).inc(echo.get("gated_words", 0))
