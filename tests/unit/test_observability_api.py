@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from tests.observability_helpers import REOPENED, decide, decision, report_call
 from voicepipe.config import load_settings
-from voicepipe.observability.records import CallRecord, TurnRecord
+from voicepipe.observability.records import ECHO_METADATA, CallRecord, TurnRecord
 from voicepipe.observability.store import CallStore
 from voicepipe.observability.timeline import EVENTS, derive_timings
 from voicepipe.server import create_app
@@ -195,6 +195,37 @@ def test_the_call_page_shows_a_keypad_turn_and_each_tool_call(tmp_path: Path) ->
     assert "<code>lookup_order({&quot;order_id&quot;:&quot;4217&quot;})</code> · 120 ms · 40 chars back" in items["2"]
     assert '<span class="tool-error">error: no answer within 2 s</span>' in items["2"]
     assert "dtmf" not in items["2"] and "tool-call" not in items["1"]
+
+
+def test_the_call_page_shows_the_echo_figures_and_what_the_echo_gate_took_out_where_it_was_said(tmp_path) -> None:
+    gated = [{"t": 20.0, "turn": 2, "text": "yes on the fourteenth I know", "kept": "yes i know"},  # in turn 2
+             {"t": 5.0, "turn": 1, "text": "how can I help you", "kept": ""},  # a turn of echo alone, before turn 1
+             {"t": 31.5, "turn": 2, "text": "<b>renew</b> them", "kept": ""}]  # over turn 2's reply
+    echo = {"delay_ms": 150.0, "erle_db": 18.5, "erl_db": 11.2, "gated_audio_s": 4.5, "gated_segments": 2,
+            "gated_words": 9, "gated_speech": gated, "cpu_ms": 80.0, "audio_s": 40.0}
+    app = make_app(tmp_path)
+    with TestClient(app) as client:
+        call = CallRecord("call-e", "twilio", metadata={"from": "+15550100", ECHO_METADATA: echo})
+        call.turns = [full_turn(1, 10.0), full_turn(2, 20.0)]
+        no_echo_found = CallRecord("call-n", "twilio", metadata={ECHO_METADATA: {
+            **echo, "delay_ms": None, "erle_db": None, "erl_db": None, "gated_speech": []}})
+        for record in (call, no_echo_found, CallRecord("call-p", "native", turns=[full_turn(1, 1.0)])):
+            report_call(app.state.observers, record)
+        stored = client.get("/api/calls/call-e").json()
+        page, none_found, plain = (client.get(f"/dashboard/calls/{c}").text for c in ("call-e", "call-n", "call-p"))
+    assert stored["metadata"] == {"from": "+15550100", ECHO_METADATA: echo}  # kept by the store, served whole
+    facts = dict(re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", page))
+    assert facts["echo"] == "delay 150 ms · ERL 11.2 dB · ERLE 18.5 dB"
+    assert facts["gated as echo"] == "audio 4.5 s · segments 2 · words 9"
+    assert facts["caller metadata"] == "{&quot;from&quot;: &quot;+15550100&quot;}"  # not the echo figures
+    lines = re.findall(r'<li class="(turn|echo-gated)[^"]*" data-turn="(\d+)">(.*?)</li>', page, re.S)
+    assert [(kind, n) for kind, n, _ in lines] == [("echo-gated", "1"), ("turn", "1"), ("turn", "2"),
+                                                   ("echo-gated", "2"), ("echo-gated", "2")]
+    assert "“how can I help you”" in lines[0][2] and "⟲ echo: all the agent's own words" in lines[0][2]
+    assert "“yes on the fourteenth I know”" in lines[3][2] and "⟲ echo: kept “yes i know”" in lines[3][2]
+    assert "“&lt;b&gt;renew&lt;/b&gt; them”" in lines[4][2]
+    assert dict(re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", none_found))["echo"] == "none found"
+    assert "<dt>echo</dt>" not in plain and "echo-gated" not in plain and "gated as echo" not in plain
 
 
 def test_pages_load_nothing_from_other_hosts(served) -> None:

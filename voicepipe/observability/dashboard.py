@@ -1,5 +1,6 @@
 """The dashboard pages: `/dashboard` (recent calls with p50/p95 voice-to-voice) and `/dashboard/calls/{id}`
-(the per-turn waterfall, the recording and the transcript).
+(the per-turn waterfall, the recording, the transcript and, for a call that cancelled echo, its echo figures and
+what the echo gate took out of the caller's words, in the transcript where it was said).
 
 Rendered on the server from the call store into the templates under `voicepipe/web/dashboard/`; the pages
 load one stylesheet from `/static/dashboard` and nothing from any other host. A `?token=` in the page's URL
@@ -25,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from voicepipe.auth import CallIdPath
 from voicepipe.http_errors import error_responses
 from voicepipe.observability.api import MAX_LIMIT, Outcome, call_store, recording_path
+from voicepipe.observability.records import ECHO_METADATA
 from voicepipe.observability.store import LIVE, OUTCOMES
 from voicepipe.observability.waterfall import decision_summary, legend_html, waterfall_svg
 
@@ -91,6 +93,25 @@ def _call_row(call: dict[str, Any], request: Request) -> str:
             f'<td class="replica">{escape(call.get("replica") or "–")}</td></tr>')
 
 
+def _echo(call: dict[str, Any]) -> dict[str, Any]:
+    """The call's echo figures (`CallEcho.figures`); {} for a call that did not cancel echo."""
+    echo = (call.get("metadata") or {}).get(ECHO_METADATA)
+    return echo if isinstance(echo, dict) else {}
+
+
+def _db(value: Any) -> str:
+    return f"{value:.1f} dB" if isinstance(value, int | float) else "–"
+
+
+def _echo_facts(echo: dict[str, Any]) -> list[tuple[str, str]]:
+    delay = echo.get("delay_ms")
+    found = (f"delay {_ms(delay)} · ERL {_db(echo.get('erl_db'))} · ERLE {_db(echo.get('erle_db'))}"
+             if isinstance(delay, int | float) else "none found")
+    gated = (f"audio {echo.get('gated_audio_s', 0)} s · segments {echo.get('gated_segments', 0)} · "
+             f"words {echo.get('gated_words', 0)}")
+    return [("echo", found), ("gated as echo", gated)]
+
+
 def _facts(call: dict[str, Any]) -> str:
     v2v = call["voice_to_voice_ms"]
     facts = [("transport", call["transport"]), ("started (UTC)", _utc(call["started"])),
@@ -100,8 +121,12 @@ def _facts(call: dict[str, Any]) -> str:
              ("barge-ins", str(call["barge_ins"])), ("replica", call.get("replica") or "–")]
     if call.get("error"):
         facts.append(("error", call["error"]))
-    if call.get("metadata"):
-        facts.append(("caller metadata", json.dumps(call["metadata"], ensure_ascii=False)))
+    echo = _echo(call)
+    if echo:
+        facts += _echo_facts(echo)
+    metadata = {k: v for k, v in (call.get("metadata") or {}).items() if k != ECHO_METADATA}
+    if metadata:
+        facts.append(("caller metadata", json.dumps(metadata, ensure_ascii=False)))
     if call.get("system_prompt"):
         facts.append(("system prompt", call["system_prompt"]))
     return "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in facts)
@@ -161,14 +186,39 @@ def _tool_calls(turn: dict[str, Any]) -> str:
     return "".join(rows)
 
 
+def _at(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _turn_start(turn: dict[str, Any]) -> float | None:
+    """When the turn began on the call's timeline (its earliest event); None when its timeline has none."""
+    times = [t for t in map(_at, (turn.get("timeline") or {}).values()) if t is not None]
+    return min(times) if times else None
+
+
+def _echo_gated(gated: dict[str, Any]) -> str:
+    """Caller speech the echo gate took words from, as its own transcript line."""
+    kept = gated.get("kept")
+    outcome = f"kept “{escape(str(kept))}”" if kept else "all the agent's own words"
+    return (f'<li class="echo-gated" data-turn="{escape(str(gated.get("turn")))}"><span class="who">caller</span>'
+            f'“{escape(str(gated.get("text", "")))}” <span class="echo-mark" title="the agent\'s own words heard '
+            f'back: the echo gate took them out of the caller\'s">⟲ echo: {outcome}</span></li>')
+
+
 def _transcript(call: dict[str, Any]) -> str:
     items = []
+    # What the echo gate took out, in the transcript where it was said: before the first turn that began after it
+    gated = [g for g in _echo(call).get("gated_speech") or [] if isinstance(g, dict) and _at(g.get("t")) is not None]
+    gated.sort(key=lambda g: g["t"])
     if call.get("greeting"):
         heard = call.get("greeting_heard")
         items.append(f'<li class="greeting"><span class="who">agent</span>'
                      f'{_agent_line(call["greeting"], heard, heard is not None and heard != call["greeting"])}'
                      f'</li>')
     for t in call["turns"]:
+        start = _turn_start(t)
+        while gated and start is not None and gated[0]["t"] < start:
+            items.append(_echo_gated(gated.pop(0)))
         figures = " · ".join(f"{k.replace('_', ' ')} {v:.0f} ms" for k, v in t["timings_ms"].items()
                              if isinstance(v, int | float))
         error = f'<div class="error">error: {escape(t["error"])}</div>' if t.get("error") else ""
@@ -181,6 +231,7 @@ def _transcript(call: dict[str, Any]) -> str:
                      f'{_agent_line(t["agent_text"], t.get("heard_text"), t["interrupted"])}{_backchannels(t)}</div>'
                      f'<div class="figures">{escape(figures)} · tokens: prompt {t["prompt_tokens"]} '
                      f'(cached {t["cached_prompt_tokens"]}), output {t["output_tokens"]}</div>{error}</li>')
+    items += [_echo_gated(g) for g in gated]
     return "\n".join(items) or "<li>no turns</li>"
 
 
