@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from voicepipe.config import Settings
@@ -15,6 +16,8 @@ from voicepipe.echo.words import AgentWords, is_echo, without_echo
 from voicepipe.observability.records import ECHO_METADATA
 
 log = logging.getLogger(__name__)
+
+GATED_KEPT = 100
 
 _SAID = {True: True, False: False, "true": True, "false": False, "on": True, "off": False, "1": True, "0": False}
 
@@ -40,7 +43,8 @@ class CallEcho:
         self.words = AgentWords(max_delay_ms / 1000)
         self.gated_segments = 0  # caller speech whose words were the agent's alone
         self.gated_words = 0  # the agent's words taken out of the caller's
-        self.gated_speech: list[dict[str, Any]] = []  # each time it did: {t, turn, text, kept} (`judge`)
+        # each time it did, {t, turn, text, kept} (`judge`): the latest GATED_KEPT, so a long call's record stays small
+        self.gated_speech: deque[dict[str, Any]] = deque(maxlen=GATED_KEPT)
         self.cpu_s = 0.0  # this thread's CPU in `process` (bench echo's echo_cpu_ms_per_s), and the audio it took
         self.audio_s = 0.0
 
@@ -79,7 +83,7 @@ class CallEcho:
                 "erl_db": self.path.gate.erl_db,
                 "gated_audio_s": round(self.path.gate.gated_samples / self.path.rate, 2),
                 "gated_segments": self.gated_segments, "gated_words": self.gated_words,
-                "gated_speech": self.gated_speech,
+                "gated_speech": list(self.gated_speech),
                 "cpu_ms": round(1000 * self.cpu_s, 1), "audio_s": round(self.audio_s, 2)}
 
 
