@@ -2,18 +2,26 @@
 
 The bound is 1 ms: GCC-PHAT lands on the direct path's sample, and 1 ms is a tenth of the margin the canceller
 leaves for a late estimate (`canceller.ALIGN_MARGIN_MS`), so a regression shows here long before it costs ERLE.
+
+A call estimates at 16 kHz what an 8 kHz phone line carried (both the caller's audio and the reference are
+resampled up), so half of the band holds nothing but the resampling's residue: the tests at `PIPELINE_RATE` run
+the line's audio through the same resampling, where readings without echo came from (issue 36).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
+from voicepipe.audio import float32_to_int16, int16_to_float32, resample
 from voicepipe.echo import simulate
 from voicepipe.echo.delay import DelayEstimator
 
-RATE = 8000
-FRAME = RATE // 50
+RATE = 8000  # the line's
+PIPELINE_RATE = 16000  # the call's, where the echo path runs
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +35,22 @@ def caller() -> np.ndarray:
     return 0.5 * simulate.spoken("My daughter has three cats and two small dogs.", RATE, "en-gb+f3", 150, 80, 1.05)
 
 
-def estimate(far: np.ndarray, mic: np.ndarray) -> DelayEstimator:
-    estimator = DelayEstimator(RATE)
-    for start in range(0, len(far), FRAME):
-        estimator.push(far[start : start + FRAME], mic[start : start + FRAME])
-    return estimator
+def pushed(far: np.ndarray, mic: np.ndarray, rate: int = RATE) -> Iterator[DelayEstimator]:
+    """The estimator after each 20 ms frame of `far` and `mic` pushed."""
+    estimator = DelayEstimator(rate)
+    frame = rate // 50
+    for start in range(0, len(far), frame):
+        estimator.push(far[start : start + frame], mic[start : start + frame])
+        yield estimator
+
+
+def estimate(far: np.ndarray, mic: np.ndarray, rate: int = RATE) -> DelayEstimator:
+    return deque(pushed(far, mic, rate), maxlen=1)[0]
+
+
+def in_the_call(line: np.ndarray) -> np.ndarray:
+    """The line's audio as the call takes it: int16, resampled to `PIPELINE_RATE`."""
+    return int16_to_float32(resample(float32_to_int16(line), RATE, PIPELINE_RATE))
 
 
 def talking_from(caller: np.ndarray, length: int, start_s: float) -> np.ndarray:
@@ -84,3 +103,27 @@ def test_a_peak_at_an_end_of_the_searched_lags_is_no_reading(agent, delay_ms):
     shift = int(RATE * delay_ms / 1000)
     mic = np.concatenate([np.zeros(shift, np.float32), 0.3 * agent])[: len(agent)]
     assert estimate(agent, mic).delay is None
+
+
+@pytest.mark.parametrize("talking", [False, True])
+def test_a_phone_line_without_echo_gives_no_delay_at_the_calls_rate(agent, caller, talking):
+    """The line's noise floor (and the caller) over the agent's audio, both resampled up from 8 kHz: no reading. The
+    4-8 kHz then hold only the resampling's residue, where the square ends of the windows were all that correlated
+    (readings at 499.9 ms here, and 5-11 in each clean call of `bench echo`)."""
+    near = talking_from(caller, len(agent), 0.5) if talking else np.zeros_like(agent)
+    mic = simulate.microphone(np.zeros_like(agent), near)
+    assert estimate(in_the_call(agent), in_the_call(mic), PIPELINE_RATE).span is None
+
+
+@pytest.mark.parametrize("delay_ms", [20, 150, 400])
+@pytest.mark.parametrize("level_db", [-10, -35])
+def test_over_a_phone_line_every_reading_is_the_echo_and_the_first_comes_at_once(agent, delay_ms, level_db):
+    """At the call's rate, echo over an 8 kHz line: every reading within 1 ms (the level gate looks for the echo over
+    the span of the last ones), the first one from the first full window (the window and the longest lag)."""
+    echo = simulate.echo_of(agent, RATE, delay_ms, level_db)
+    far, mic = in_the_call(agent), in_the_call(simulate.microphone(echo, np.zeros_like(agent)))
+    frames = [(n, e.span) for n, e in enumerate(pushed(far, mic, PIPELINE_RATE), 1) if e.span is not None]
+    empty = DelayEstimator(PIPELINE_RATE)
+    assert frames[0][0] * PIPELINE_RATE // 50 == empty.window + empty.max_lag
+    shortest, longest = (1000 * np.array([span for _, span in frames]) / PIPELINE_RATE).T
+    assert min(shortest) >= delay_ms - 1 and max(longest) <= delay_ms + 1, (min(shortest), max(longest))
