@@ -127,8 +127,15 @@ def test_a_callers_words_are_echo_only_when_all_are_the_agents(text, echo) -> No
 
 def test_half_the_words_make_a_partial_likely_echo_but_not_a_turn() -> None:
     agent = ["it's", "a", "bit", "of", "a", "non", "local", "day"]
-    assert not is_echo("that's a bit of rain", agent)
-    assert is_echo("that's a bit of rain", ["its", *agent], share=0.5)
+    assert not is_echo("that's a bit of a non local", agent)
+    assert is_echo("that's a bit of a non local", agent, share=0.5)
+
+
+def test_common_words_alone_do_not_make_a_callers_question_echo() -> None:
+    story = ["once", "upon", "a", "time", "there", "was", "a", "brave", "dragon", "who", "lived", "in", "the",
+             "hills", "of", "wales", "and", "it", "is", "said"]
+    assert not is_echo("What is the capital of France", story, share=0.5)
+    assert is_echo("and the", story)  # nothing but common words, all the agent's: an echo fragment
 
 
 def test_with_no_agent_words_around_nothing_is_echo() -> None:

@@ -18,6 +18,10 @@ from voicepipe.turns.backchannel import normalise
 SIMILAR = 0.75  # a heard word this close in spelling to an agent word is that word (`SequenceMatcher.ratio`)
 WORD_S = 1.0  # a word sent this long before a caller's speech may still have been playing as it began
 KEPT_S = 30.0  # the agent's words are remembered this long
+# Words too common to tell whose they are: a caller's "what is the capital of France" over an agent's story shares
+# "is", "the" and "of" with it. A share of words is counted over the others, where there are any.
+COMMON = frozenset({"a", "an", "and", "are", "at", "be", "do", "for", "i", "im", "in", "is", "it", "its", "me", "my",
+                    "of", "on", "or", "so", "that", "the", "this", "to", "was", "we", "what", "you", "your"})
 ECHO_RUN = 3  # this many of the agent's words in a row inside a caller's are echo (two, "Friday is", the caller's too)
 
 
@@ -47,9 +51,10 @@ def _matches(heard: list[str], agent: list[str]) -> list[bool]:
 
 def is_echo(text: str, agent: list[str], share: float = 1.0) -> bool:
     """The caller's `text` is the agent's words (`agent`: `AgentWords.around` the speech): all of them, or at
-    least `share` of them. "" is not."""
+    least `share` of them (of the words not `COMMON`, where there are any). "" is not."""
     heard = normalise(text).split()
-    return bool(heard) and bool(agent) and sum(_matches(heard, agent)) >= share * len(heard)
+    telling = [w for w in heard if w not in COMMON] or heard
+    return bool(heard) and bool(agent) and sum(_matches(telling, agent)) >= share * len(telling)
 
 
 def without_echo(text: str, agent: list[str]) -> str:
