@@ -98,18 +98,20 @@ def test_a_line_with_no_echo_has_no_echo_return_loss(far) -> None:
     assert path.gate.erl_db is None
 
 
-def test_the_agents_words_are_kept_by_when_they_went_out_and_found_around_a_callers_speech() -> None:
-    words = AgentWords(echo_delay_s=0.5)
-    words.sent(10.0, "The capital")
-    words.sent(10.4, "of France is Paris.")
-    words.sent(40.0, "Goodbye.")  # 30 s later: the first words are forgotten
-    assert words.around(41.0, 42.0) == ["goodbye"]
-    words = AgentWords(echo_delay_s=0.5)
-    words.sent(10.0, "The capital")
-    words.sent(12.0, "of France")
-    assert words.around(11.0, 11.5) == ["the", "capital"]  # sent 1 s before: may still play, then echo
-    assert words.around(12.5, 13.0) == ["of", "france"]
-    assert words.around(9.0, 9.5) == []  # the caller spoke before the agent did
+def test_the_agents_words_are_found_where_their_echo_can_fall_and_forgotten_after_30_s() -> None:
+    words = AgentWords()
+    words.sent(10.0, "The capital", 0.6)
+    words.sent(10.4, "of France is Paris.", 1.0)
+    words.sent(40.0, "Goodbye.", 0.5)  # 30 s later: the first words are forgotten
+    assert words.around(41.0, 42.0, 0.15) == ["goodbye"]
+    words = AgentWords()
+    words.sent(10.0, "The capital", 0.6)  # played out by 10.6: its echo, 150 ms late, is over by 11.1 with the slack
+    words.sent(12.0, "of France", 0.5)
+    assert words.around(11.0, 11.5, 0.15) == ["the", "capital"]
+    assert words.around(11.2, 11.5, 0.15) == []  # a caller who answers after the echo's tail: nothing is echo
+    assert words.around(11.2, 11.5, 0.5) == ["the", "capital"]  # ... unless the echo may come 500 ms late
+    assert words.around(12.5, 13.0, 0.15) == ["of", "france"]
+    assert words.around(9.0, 9.5, 0.15) == []  # the caller spoke before the agent did
 
 
 @pytest.mark.parametrize(("text", "echo"), [

@@ -262,7 +262,7 @@ def test_the_text_gate_counts_what_it_took_out_of_the_callers_words_and_keeps_ea
     echo = CallEcho(EchoPath(FarEndReference(RATE)), max_delay_ms=500)
     said = "Your books are due back on the fourteenth of next month."
     for i, word in enumerate(said.split()):
-        echo.agent_said(1.0 + 0.25 * i, word)  # word by word, as they go out
+        echo.agent_said(1.0 + 0.25 * i, word, 0.25)  # word by word, as they go out
     assert echo.judge("your books are due back", 1.2, 2.5, turn=2) == ""
     assert echo.judge("yes on the fourteenth of next month I know", 2.5, 4.5, turn=2) == "yes i know"
     assert echo.judge("can I renew them", 5.0, 6.0, turn=3) == "can I renew them"  # the caller's own: not counted

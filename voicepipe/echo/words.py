@@ -16,7 +16,9 @@ from difflib import SequenceMatcher
 from voicepipe.turns.backchannel import normalise
 
 SIMILAR = 0.75  # a heard word this close in spelling to an agent word is that word (`SequenceMatcher.ratio`)
-WORD_S = 1.0  # a word sent this long before a caller's speech may still have been playing as it began
+# A word's echo ends this long after the word has played out, past the echo's delay: the transport sends audio up
+# to its pacing lead before it plays (the word is dated by its sending), and the room's tail.
+SLACK_S = 0.35
 KEPT_S = 30.0  # the agent's words are remembered this long
 # Words too common to tell whose they are: a caller's "what is the capital of France" over an agent's story shares
 # "is", "the" and "of" with it. A share of words is counted over the others, where there are any.
@@ -26,22 +28,21 @@ ECHO_RUN = 3  # this many of the agent's words in a row inside a caller's are ec
 
 
 class AgentWords:
-    """The agent's words, each with when its audio went out to the caller (seconds of the call)."""
+    """The agent's words, each with when its audio went out to the caller and how long it plays (seconds)."""
 
-    def __init__(self, echo_delay_s: float) -> None:
-        self.echo_delay_s = echo_delay_s  # the longest echo delay searched: how late a word may come back
-        self._words: deque[tuple[float, str]] = deque()
+    def __init__(self) -> None:
+        self._words: deque[tuple[float, float, str]] = deque()  # (sent at, played out by, word)
 
-    def sent(self, at: float, text: str) -> None:
-        """The audio of the agent's word `text` started to go out at `at`."""
-        self._words.extend((at, word) for word in normalise(text).split())
+    def sent(self, at: float, text: str, duration_s: float) -> None:
+        """The audio of the agent's word `text` (`duration_s` long) started to go out at `at`."""
+        self._words.extend((at, at + duration_s, word) for word in normalise(text).split())
         while self._words and self._words[0][0] < at - KEPT_S:
             self._words.popleft()
 
-    def around(self, start: float, end: float) -> list[str]:
-        """The agent's words whose echo can fall in the caller's speech from `start` to `end`, in order."""
-        first = start - self.echo_delay_s - WORD_S
-        return [word for at, word in self._words if first <= at <= end]
+    def around(self, start: float, end: float, echo_delay_s: float) -> list[str]:
+        """The agent's words whose echo, at most `echo_delay_s` late, can fall in the caller's speech from `start`
+        to `end`, in order."""
+        return [word for at, out, word in self._words if at <= end and out + echo_delay_s + SLACK_S >= start]
 
 
 def _matches(heard: list[str], agent: list[str]) -> list[bool]:

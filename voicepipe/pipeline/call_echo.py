@@ -40,7 +40,8 @@ class CallEcho:
 
     def __init__(self, path: EchoPath, max_delay_ms: float) -> None:
         self.path = path
-        self.words = AgentWords(max_delay_ms / 1000)
+        self.words = AgentWords()
+        self.max_delay_s = max_delay_ms / 1000
         self.gated_segments = 0  # caller speech whose words were the agent's alone
         self.gated_words = 0  # the agent's words taken out of the caller's
         # each time it did, {t, turn, text, kept} (`judge`): the latest GATED_KEPT, so a long call's record stays small
@@ -55,18 +56,25 @@ class CallEcho:
         self.audio_s += len(samples) / self.path.rate
         return out
 
-    def agent_said(self, at: float, text: str) -> None:
-        self.words.sent(at, text)
+    def agent_said(self, at: float, text: str, duration_s: float) -> None:
+        self.words.sent(at, text, duration_s)
+
+    def _around(self, start: float, end: float) -> list[str]:
+        """The agent's words whose echo can be in caller speech from `start` to `end`: as late as the delay
+        estimate's longest recent reading, or the longest delay searched before there is one."""
+        span = self.path.delay.span
+        delay_s = self.max_delay_s if span is None else span[1] / self.path.rate
+        return self.words.around(start, end, delay_s)
 
     def echo_likely(self, text: str, start: float, end: float) -> bool:
         """Half or more of the caller's words so far (a partial, which the STT may still change) are the agent's;
         counts nothing."""
-        return is_echo(text, self.words.around(start, end), share=0.5)
+        return is_echo(text, self._around(start, end), share=0.5)
 
     def judge(self, text: str, start: float, end: float, turn: int) -> str:
         """The caller's words `text`, heard from `start` to `end` (call seconds) in or over `turn`, less the agent's
         own: "" when they were all echo."""
-        agent = self.words.around(start, end)
+        agent = self._around(start, end)
         if is_echo(text, agent):
             self.gated_segments += 1
             kept = ""

@@ -493,8 +493,9 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         heard = reply.stream.cursor.heard(reply.sent_samples)
         words = [*heard.words, heard.current] if heard.current is not None else list(heard.words)
         now = self._since()
+        rate = self.output.sample_rate
         for word in words[reply.words_sent:]:
-            self._echo.agent_said(now, word.text)
+            self._echo.agent_said(now, word.text, (word.sample_end - word.sample_start) / rate)
         reply.words_sent = max(reply.words_sent, len(words))
 
     def _finish_turn(self, reply: _Reply) -> None:
