@@ -18,11 +18,12 @@ filter relearns as the reply's alignment moves by some ms), and a coupling measu
 through.
 
 Around the echo's delay means from the shortest to the longest of the delay estimate's last readings: in a call the
-estimate once jumped from 150 to 452 ms (a spurious reading or two), and the echo at 150 ms then came through the
-gate, which looked for it at 452 ms. Before the delay is known the whole searched range of delays counts (the echo
-is somewhere in it), and the
-coupling is measured only from the longest searched delay after the agent's first sound on (before that, its echo
-may not have come yet). Until there is history to measure, the threshold is its cap: a caller as loud as the
+estimate once jumped from 150 to 452 ms (spurious readings, since taken out of `delay.py`), and the echo at 150 ms
+then came through the gate, which looked for it at 452 ms; readings still differ by up to 140 ms within a call
+where the reference placed a stretch of a reply off from where it played. Before the delay is known the whole
+searched range of delays counts (the echo is somewhere in it), and the coupling is measured only from the longest
+searched delay after the agent's first sound on (before that, its echo may not have come yet). Until there is
+history to measure, the threshold is its cap: a caller as loud as the
 agent's loudest audio passes.
 
 The same coupling, once the delay is known, is the call's echo return loss (`erl_db`, in the call record's echo
