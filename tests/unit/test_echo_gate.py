@@ -159,3 +159,17 @@ def test_the_gate_looks_for_the_echo_over_every_delay_its_last_readings_put_it_a
     block = float32_to_int16(0.3 * far[at - int(0.15 * RATE):][:FRAME])
     assert np.array_equal(gate.process(block, at, (7232, 7232)), block)  # a spurious reading alone: missed
     assert not gate.process(block, at, (2400, 7232)).any()  # with the true one among the last readings: gated
+
+
+def test_once_the_delay_is_found_the_threshold_stays_what_it_was_until_the_history_fills_again(far) -> None:
+    reference = FarEndReference(RATE, capacity_s=30.0)
+    reference.append(far, at=0)
+    gate = EchoLevelGate(reference, 0, 8000, FRAME)
+    echo = float32_to_int16(echo_of(far, RATE, 150, -20))
+    at = 0
+    for at in range(0, 3 * RATE, FRAME):  # the delay not yet known
+        gate.process(echo[at:at + FRAME], at, None)
+    before = gate.threshold_db(aligned=False)
+    assert before < -10  # measured on the line, not the cap
+    gate.process(echo[at + FRAME:at + 2 * FRAME], at + FRAME, (2400, 2400))
+    assert gate.threshold_db() == before  # not the cap, which cut a caller talking over the agent just then

@@ -23,8 +23,9 @@ then came through the gate, which looked for it at 452 ms; readings still differ
 where the reference placed a stretch of a reply off from where it played. Before the delay is known the whole
 searched range of delays counts (the echo is somewhere in it), and the coupling is measured only from the longest
 searched delay after the agent's first sound on (before that, its echo may not have come yet). Until there is
-history to measure, the threshold is its cap: a caller as loud as the
-agent's loudest audio passes.
+history to measure, the threshold is its cap: a caller as loud as the agent's loudest audio passes; once the delay
+is found, the history starts again and the threshold stays what it was until it fills (at the cap instead, a
+caller talking over the agent just then was cut to "in the market, on" in CI).
 
 The same coupling, once the delay is known, is the call's echo return loss (`erl_db`, in the call record's echo
 figures): how much quieter the echo comes back, before the canceller, than the agent's loudest audio around it, over
@@ -72,6 +73,7 @@ class EchoLevelGate:
         self._levels: deque[float] = deque(maxlen=int(HISTORY_S * rate / frame))  # dB, raw input over reference
         self._first_sound: int | None = None  # input position of the first frame with the agent's audio about
         self._aligned = False  # the levels were taken at the echo's delay (before: over all the delays searched)
+        self._before_aligned: float | None = None  # the threshold just before the delay was known
         self._passed_last = False  # the block before this one passed by its level
         self._open_until = 0  # input position up to which the caller's audio passes whole (the hangover)
         self.gated_samples = 0  # caller audio silenced as echo
@@ -80,8 +82,8 @@ class EchoLevelGate:
         """How far under the agent's loudest nearby audio the caller's audio is taken for echo (`aligned`: with the
         echo's delay known)."""
         coupling = self._coupling_db()
-        if coupling is None:
-            return CAP_DB
+        if coupling is None:  # the delay has just been found: as before until the history fills again
+            return CAP_DB if self._before_aligned is None else self._before_aligned
         margin = MARGIN_DB if aligned else UNALIGNED_MARGIN_DB
         return float(np.clip(coupling + margin, FLOOR_DB, CAP_DB))
 
@@ -108,6 +110,7 @@ class EchoLevelGate:
         if far is None:
             return block
         if self._aligned != (delays is not None):  # levels against the whole range of delays sit lower: start again
+            self._before_aligned = self.threshold_db(self._aligned) if delays is not None else None
             self._aligned = delays is not None
             self._levels.clear()
         loud = _level_db(block, far) >= self.threshold_db(self._aligned)
