@@ -173,3 +173,12 @@ def test_once_the_delay_is_found_the_threshold_stays_what_it_was_until_the_histo
     assert before < -10  # measured on the line, not the cap
     gate.process(echo[at + FRAME:at + 2 * FRAME], at + FRAME, (2400, 2400))
     assert gate.threshold_db() == before  # not the cap, which cut a caller talking over the agent just then
+
+
+def test_mid_reply_a_caller_quieter_than_loud_echo_passes_by_what_the_canceller_takes_out(far, caller) -> None:
+    near = np.zeros_like(far)
+    start = int(CALLER_AT_S * RATE)
+    near[start:start + len(caller)] = 0.4 * caller  # 8 dB under the agent: under the -6 dB echo as it comes
+    heard, out = gated(far, near, 150, -6)
+    talking = np.mean(np.square(near[: heard.size].reshape(-1, FRAME)), axis=1) > 1e-4 * 0.16
+    assert (frame_power(out)[talking] > 0).mean() >= 0.8

@@ -27,6 +27,11 @@ history to measure, the threshold is its cap: a caller as loud as the agent's lo
 is found, the history starts again and the threshold stays what it was until it fills (at the cap instead, a
 caller talking over the agent just then was cut to "in the market, on" in CI).
 
+Mid-reply, once the agent has talked `SETTLED_MS` without a pause, the canceller has caught up with that stretch:
+the bar is then the lower of the above and the same percentile of what the canceller leaves in such stretches,
+plus the margin (bench echo's grid: barge-ins stopped at -6 dB 0.29 -> 0.42 of them, at -10 dB 0.54 -> 0.83,
+self-interruptions 19 -> 17).
+
 The same coupling, once the delay is known, is the call's echo return loss (`erl_db`, in the call record's echo
 figures): how much quieter the echo comes back, before the canceller, than the agent's loudest audio around it, over
 the history's last 2 s of the agent's audio (the percentile, negated). On that simulated echo (20, 150 and 400 ms)
@@ -61,6 +66,10 @@ BLOCK_MS = 10.0  # the reference's loudness is read in blocks of this length
 # Once two blocks in a row pass (one alone is as likely a loud frame of residual echo), the caller's audio passes
 # whole for this long after the last one that did: their speech's softer sounds under the agent reach the STT too.
 HANGOVER_MS = 200.0
+# Once the agent has talked this long without a pause of PAUSE_MS, the canceller has caught up with this stretch of
+# its audio and what it leaves sets the bar (`_settled`): a caller over loud echo passes by what it takes out.
+SETTLED_MS = 600.0
+PAUSE_MS = 300.0
 
 
 class EchoLevelGate:
@@ -77,6 +86,10 @@ class EchoLevelGate:
         self._first_sound: int | None = None  # input position of the first frame with the agent's audio about
         self._aligned = False  # the levels were taken at the echo's delay (before: over all the delays searched)
         self._before_aligned: float | None = None  # the threshold just before the delay was known
+        self._settled: deque[float] = deque(maxlen=self._levels.maxlen)  # dB, after the canceller, settled stretches
+        self._settled_after, self._pause = int(rate * SETTLED_MS / 1000), int(rate * PAUSE_MS / 1000)
+        self._sounding_since: int | None = None  # where the agent's audio about started again (None: quiet now)
+        self._quiet_since = 0
         self._passed_last = False  # the block before this one passed by its level
         self._open_until = 0  # input position up to which the caller's audio passes whole (the hangover)
         self.gated_samples = 0  # caller audio silenced as echo
@@ -89,6 +102,14 @@ class EchoLevelGate:
             return CAP_DB if self._before_aligned is None else self._before_aligned
         margin = MARGIN_DB if aligned else UNALIGNED_MARGIN_DB
         return float(np.clip(coupling + margin, FLOOR_DB, CAP_DB))
+
+    def _threshold_now(self, settled: bool) -> float:
+        """`threshold_db`, or in a settled stretch of the agent's talk the lower bar of what the canceller leaves."""
+        threshold = self.threshold_db(self._aligned)
+        if settled and len(self._settled) >= self._settled.maxlen // 4:
+            left = float(np.percentile(self._settled, COUPLING_PERCENTILE)) + MARGIN_DB
+            threshold = min(threshold, max(left, FLOOR_DB))
+        return threshold
 
     @property
     def erl_db(self) -> float | None:
@@ -111,12 +132,21 @@ class EchoLevelGate:
         silence where it is echo."""
         far = self._far_level(position, len(block), delays)
         if far is None:
+            if self._sounding_since is not None:
+                self._sounding_since, self._quiet_since = None, position
             return block
         if self._aligned != (delays is not None):  # levels against the whole range of delays sit lower: start again
             self._before_aligned = self.threshold_db(self._aligned) if delays is not None else None
             self._aligned = delays is not None
             self._levels.clear()
-        loud = _level_db(block, far) >= self.threshold_db(self._aligned)
+            self._settled.clear()
+            self._sounding_since = position  # the canceller starts at the delay found: not settled before it has run
+        if self._sounding_since is None:  # the agent again: after a pause, anew; after a gap between words, as before
+            gap = self._first_sound is not None and position - self._quiet_since < self._pause
+            self._sounding_since = position - self._settled_after if gap else position
+        settled = self._aligned and position - self._sounding_since >= self._settled_after
+        level_db = _level_db(block, far)
+        loud = level_db >= self._threshold_now(settled)
         if loud and self._passed_last:
             self._open_until = position + len(block) + self._hangover
         self._passed_last = loud
@@ -125,6 +155,8 @@ class EchoLevelGate:
         caller = position < self._open_until  # the caller talks: their level is not the echo's
         if not caller and (delays is not None or position - self._first_sound >= self.max_lag):
             self._levels.append(_level_db(block if raw is None else raw, far))
+            if settled:
+                self._settled.append(level_db)
         if loud or caller:
             return block
         self.gated_samples += len(block)
