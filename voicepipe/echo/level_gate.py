@@ -5,8 +5,8 @@ who talks over the agent still does.
 How loud the echo can be is the agent's reference around the echo's delay (the loudest 10 ms of it, so the room's
 tail is covered) times the call's coupling: how much of the reference comes back. The coupling is measured, not
 set: the 90th percentile of the levels of the caller's audio as it comes (before the canceller) against that
-reference, over the recent frames where the reference sounded (mostly echo alone: a caller who talks over the agent
-stops it within a second or keeps to a backchannel). Not the median: the reference sounds around the echo's delay
+reference, over the recent frames where the reference sounded and the gate had not opened for the caller (below).
+Not the median: the reference sounds around the echo's delay
 in frames where its echo is all but silent (the gaps between words, and before the delay is known much of the
 searched range), and in real calls those pulled a median 20 dB under the echo. Measured on `echo/simulate.py`'s echo
 (delays 20-400 ms, -6 to -40 dB), the echo frames' 90th percentile is 1.7 dB under the echo level and the loudest
