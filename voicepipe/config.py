@@ -253,6 +253,10 @@ class CallSettings(Section):
     # who went on is heard before the agent speaks however late their audio is read; at most this long when the
     # caller's audio is late (a stalled link, a client that sends nothing in silence).
     caller_audio_wait_ms: int = Field(300, ge=0, le=5000)
+    # Caller speech that began less than this after a reply's first audio went out answers nothing the caller heard
+    # (no one reacts that fast): the caller went on with their turn, which is reopened as if none of the reply had
+    # gone out (once per turn), not barged in on. 0: off.
+    caller_reaction_ms: int = Field(200, ge=0, le=2000)
     # Start the reply at the VAD's speech end and hold its audio until the end-of-turn decision; dropped if the
     # caller resumes. Saves up to vad.end_of_turn_silence_ms per turn, at the cost of LLM work on false ends.
     preemptive_generation: bool = True

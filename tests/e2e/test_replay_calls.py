@@ -167,7 +167,9 @@ def test_a_too_short_end_of_turn_is_reopened_and_the_long_pause_stays_one_turn(s
     of words): with the q4 engine (TTFT ~60 ms) the first chunk's audio went out before the resume was seen, once
     in CI (the caller heard "A"); the whole clause takes ~70 ms more (first clause 187 against 118 ms here).
     With a 100 ms cut, or an early reply made during the pause, the faster engine's first audio sometimes went out
-    first and the turn was a barge-in."""
+    first and the turn was a barge-in. In CI the first audio still went out first once (the caller heard "A"): the
+    reply is ready within tens of ms of the resume. Speech that begins within `calls.caller_reaction_ms` of the
+    reply's first audio now reopens the turn too, so that photo finish no longer decides the turns."""
     case = copy_case(suite[[p.name for p in suite].index("long_pause")], tmp_path / "long_pause")
     too_short = set_args("turn.policy=silence", "vad.end_of_turn_silence_ms=300",
                          "calls.preemptive_generation=false", "vad.min_speech_ms=32", "tts.first_chunk_words=0",

@@ -108,6 +108,9 @@ class Harness:
         # The harness pushes a turn's audio at once and then nothing, where a line streams it: the first audio's wait
         # for the caller's audio up to now would wait its whole bound each turn (the gate has tests of its own).
         settings.calls.caller_audio_wait_ms = 0
+        # Likewise the caller speaks over a reply as soon as it plays, where a caller takes their reaction time: that
+        # speech would reopen the turn (the reopen over the first audio has tests of its own).
+        settings.calls.caller_reaction_ms = 0
         for key, value in calls.items():  # other calls.* settings
             setattr(settings.calls, key, value)
         self.engine = FakeEngine()
@@ -321,6 +324,78 @@ def test_a_reply_speaks_as_soon_as_the_line_has_brought_the_callers_audio_up_to_
         await h.settle(lambda: h.engine.calls)
         await h.settle(lambda: h.output.plays, timeout=0.3)  # well before the bound: the line is on time
         await line
+        await h.call.close()
+
+    run(main())
+
+
+async def go_on_after_first_audio(h: Harness, after_ms: float) -> None:
+    """A caller turn at the line's pace; `after_ms` after the reply's first audio went out the caller speaks again
+    (300 ms: longer than the barge-in's 150), and ends that speech."""
+    loop = asyncio.get_running_loop()
+    start, i, speech_at = loop.time(), 0, None
+    while True:
+        events = [h.ev(TURN[i])] if i in TURN else []
+        if speech_at is None and h.output.plays:
+            speech_at = i + round(after_ms / 20)
+        if speech_at is not None and i == speech_at:
+            events.append(h.ev("speech_start"))
+        if speech_at is not None and i == speech_at + 15:
+            events.append(h.ev("speech_end"))
+        h.push(20, *events)
+        i += 1
+        await asyncio.sleep(max(0.0, start + i * 0.02 - loop.time()))
+        if speech_at is not None and i > speech_at + 15:
+            return
+
+
+def test_a_caller_who_goes_on_as_the_reply_starts_reopens_the_turn() -> None:
+    """The caller's speech begins 60 ms after the reply's first audio went out: too soon to answer it (the caller
+    was going on with their turn, as a reply ready just as they resume finds them). The turn is reopened, not barged
+    in on: no interruption counted, the reply's audio cleared, one turn with all the caller's words."""
+    async def main():
+        h = Harness(caller_reaction_ms=200)
+        await h.call.start()
+        await go_on_after_first_audio(h, after_ms=60)
+        assert h.call.record.barge_ins == 0 and h.output.clears == 1
+        assert "turn_reopened" in h.observer.kinds() and "barge_in" not in h.observer.kinds()
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: len(h.engine.calls) == 2)
+        assert h.engine.calls[1][-1] == {"role": "user", "content": "what time is it and tomorrow"}
+        (turn,) = h.call.record.turns
+        assert len(turn.reopened) == 1 and not turn.interrupted
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_caller_who_speaks_after_hearing_the_reply_barges_in() -> None:
+    async def main():
+        h = Harness(caller_reaction_ms=200)
+        await h.call.start()
+        await go_on_after_first_audio(h, after_ms=400)
+        assert h.call.record.barge_ins == 1 and "turn_reopened" not in h.observer.kinds()
+        await h.settle(lambda: h.call.record.turns[0].interrupted)
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_turn_is_reopened_over_its_first_audio_once() -> None:
+    """Reopened once over its first audio, the turn's next reply is barged in on even as soon: a line that sends the
+    agent's first words back as speech cannot restart the reply over and over."""
+    async def main():
+        h = Harness(caller_reaction_ms=200)
+        await h.call.start()
+        await go_on_after_first_audio(h, after_ms=60)
+        assert "turn_reopened" in h.observer.kinds()
+        h.output.plays.clear()
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: h.output.plays)
+        h.push(20, h.ev("speech_start"))
+        h.push(200)
+        assert h.call.record.barge_ins == 1
+        await h.settle(lambda: h.call.record.turns[0].interrupted)
         await h.call.close()
 
     run(main())

@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Any
 
+from voicepipe.observability.records import TurnRecord
 from voicepipe.pipeline.call_types import CallState, _Reply
 from voicepipe.turns.backchannel import is_backchannel
 
@@ -17,7 +18,8 @@ log = logging.getLogger("voicepipe.pipeline.session")  # the call's log lines ke
 class Interruptions:
     """CallSession's barge-in, reopen, backchannel and hold machinery (a mixin).
 
-    Reads `cfg`, `stt`, `turns`, `output`, `session`, `closed`, `res.engine`, `_echo` (the echo gate); reads and
+    Reads `cfg`, `stt`, `turns`, `output`, `session`, `closed`, `res.engine`, `_echo` (the echo gate), `_speech_due`
+    (when the caller's latest speech began); reads and
     writes `_reply` and `state` (an interruption hands the call back to the caller: LISTENING), `_holding`, `_turns`,
     `_stt_turn_active` (speech that was echo) and `_next_timeline` (a reopened turn), `_pending_assistant` /
     `_unanswered`, and `record` (`barge_ins`, `turns`, `greeting_heard`). Uses CallSession's `_finish_turn`,
@@ -66,10 +68,9 @@ class Interruptions:
 
     def _barge_in(self, by_keys: bool = False) -> None:
         """The caller talks over the agent (or presses a key, `by_keys`): stop now (synchronously), then clear and roll
-        back. Before the agent has sent any audio of the turn, the caller simply went on: the turn is reopened
-        instead."""
+        back. Where the caller went on before hearing any of the reply (`_went_on`), the turn is reopened instead."""
         reply = self._reply
-        if reply.record is not None and not reply.greeting and "first_audio_sent" not in reply.record.timeline:
+        if reply.record is not None and not reply.greeting and self._went_on(reply.record, by_keys):
             self._reopen(reply, speech_goes_on=not by_keys)
             return
         self._reply = None  # from here on the caller's new turn owns the call
@@ -84,17 +85,29 @@ class Interruptions:
         self._hold_output(False)  # the clear dropped what was held; the next reply plays
         self._spawn(self._after_barge_in(reply, heard), "barge-in")
 
+    def _went_on(self, record: TurnRecord, by_keys: bool) -> bool:
+        """The caller went on with their turn rather than answering the reply: none of it was sent, or its speech
+        began less than `calls.caller_reaction_ms` after the reply's first audio went out, too soon to be a reaction
+        to it. The latter once per turn: a turn already reopened is barged in on (so a line that sends back the
+        agent's first words cannot restart the reply over and over)."""
+        sent = record.timeline.get("first_audio_sent")
+        if sent is None:
+            return True
+        reaction = self.cfg.caller_reaction_ms / 1000
+        return (reaction > 0 and not by_keys and not record.reopened and self._speech_due is not None
+                and self._speech_due < sent + reaction)
+
     def _reopen(self, reply: _Reply, speech_goes_on: bool = True) -> None:
-        """The caller went on speaking after the end-of-turn decision, before any of the reply was sent: the reply
-        and its LLM turn are dropped, and its words open the turn that goes on (a keypad turn when the caller went
-        on with keys: the turn-taking's turn is not reopened then)."""
+        """The caller went on speaking after the end-of-turn decision, before hearing the reply (`_went_on`): the
+        reply and its LLM turn are dropped, and its words open the turn that goes on (a keypad turn when the caller
+        went on with keys: the turn-taking's turn is not reopened then)."""
         self._reply = None
         self.state = CallState.LISTENING
         record = reply.record
         reply.stream.cancel()
         if reply.task is not None:
             reply.task.cancel()
-        self.output.clear()  # nothing of it was sent: what is queued goes
+        self.output.clear()  # what is queued goes, and the little that went out is no turn the caller heard
         self._hold_output(False)
         if record in self.record.turns:
             self.record.turns.remove(record)

@@ -115,6 +115,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self._unjudged: deque[np.ndarray] = deque()  # received, while a turn decision waits for its evidence
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=ARRIVALS_KEPT)  # (received after a chunk, when)
         self._speech_start: int | None = None  # VAD sample of the open speech segment
+        self._speech_due: float | None = None  # when the latest speech start was due on the line (`_sample_due`)
         self._holding = False  # the agent's audio is held for caller speech (`hold_on_speech`)
         self._next_timeline: dict[str, float] = {}  # the timeline of the caller turn being spoken
         self._speech_end: int | None = None
@@ -297,9 +298,15 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             return True
         if self._unjudged or self.detector is None or self.detector.stream.speech_pending:
             return False
+        return self._received >= (self._since() - self._sample_due(0) - PACE_SLACK_S) * PIPELINE_RATE
+
+    def _sample_due(self, sample: int) -> float:
+        """When the caller's 16 kHz `sample` was due, at the pace of the least delayed recent chunk: unlike its
+        arrival (`_sample_time`), not later for a loop that read the socket late."""
+        if not self._arrivals:
+            return self._sample_time(sample)
         recent = itertools.islice(reversed(self._arrivals), PACE_CHUNKS)
-        zero = min(at - end / PIPELINE_RATE for end, at in recent)  # when the caller's sample 0 was due
-        return self._received >= (self._since() - zero - PACE_SLACK_S) * PIPELINE_RATE
+        return min(at - end / PIPELINE_RATE for end, at in recent) + sample / PIPELINE_RATE
 
     async def _caller_judged(self) -> None:
         """Before a reply's first audio: wait until the caller's audio up to now is judged (`_judged_up_to_now`), at
@@ -336,6 +343,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
 
     def _on_speech_start(self, sample: int) -> None:
         self._speech_start = sample
+        self._speech_due = self._sample_due(sample)
         self._speech_end = None
         self._last_activity = time.monotonic()
         if self.cfg.hold_on_speech and self._reply is not None and self.state in (CallState.THINKING,
