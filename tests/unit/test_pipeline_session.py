@@ -17,9 +17,12 @@ import pytest
 
 from tests.pipeline_fakes import PER_CHAR, FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream
 from voicepipe.config import Settings
+from voicepipe.echo.path import EchoPath
+from voicepipe.echo.reference import FarEndReference
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.timeline import CHAIN, EVENTS
 from voicepipe.pipeline import CallResources, CallSession, CallState
+from voicepipe.pipeline.call_echo import CallEcho
 from voicepipe.transports.playback import Heard
 from voicepipe.vad import VADEvent
 
@@ -903,6 +906,33 @@ def test_a_partial_with_real_words_or_long_speech_over_the_agent_interrupts_with
             else:
                 h.push(600)  # 920 ms of speech: over backchannel_max_ms (900)
             assert h.output.clears == 1, how
+            await h.call.close()
+
+    run(main())
+
+
+def test_on_an_echo_line_a_lone_word_over_the_agent_lets_it_go_on_and_more_words_interrupt() -> None:
+    """A call that cancels echo (its gate here over an empty reference, the agent's words told to it): a lone word
+    over the agent, as the STT may hear residual echo ("Tuesday."), barges in neither as a partial nor at the
+    speech's end; the agent goes on and that speech is no turn. Two words, or a lone "wait", interrupt."""
+    async def main():
+        for heard, interrupts in (("Tuesday.", False), ("Wait.", True), ("Tuesday, please", True)):
+            h = Harness(backchannels=True, texts=["what time is it", heard])
+            h.call._echo = CallEcho(EchoPath(FarEndReference(RATE)), max_delay_ms=500)
+            await h.call.start()
+            await h.one_turn()
+            h.call._echo.agent_said(h.call._since(), "Hello there my good friend.", 5.0)
+            h.push(20, h.ev("speech_start"))
+            h.push(200)
+            h.call._partial_arrived(heard, "", h.call._since())
+            assert h.output.clears == interrupts, heard  # a partial with words that take the turn: at once
+            h.push(20, h.ev("speech_end"))
+            await asyncio.sleep(0.05)
+            assert (h.output.clears == 1) is interrupts, heard
+            assert (h.call.record.barge_ins == 1) is interrupts and h.call._stt_turn_active is interrupts, heard
+            if not interrupts:
+                assert h.output.holds == [True, False] and h.call.state is CallState.SPEAKING
+                assert h.call._echo.figures()["gated_speech"][-1]["kept"] == ""
             await h.call.close()
 
     run(main())

@@ -14,6 +14,7 @@ from voicepipe.echo.canceller import EchoUnavailable, load_speexdsp
 from voicepipe.echo.path import EchoPath
 from voicepipe.echo.words import AgentWords, is_echo, without_echo
 from voicepipe.observability.records import ECHO_METADATA
+from voicepipe.turns.backchannel import INTERRUPTIONS, is_backchannel, normalise
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +68,23 @@ class CallEcho:
         return self.words.around(start, end, delay_s)
 
     def echo_likely(self, text: str, start: float, end: float) -> bool:
-        """Half or more of the caller's words so far (a partial, which the STT may still change) are the agent's;
-        counts nothing."""
-        return is_echo(text, self._around(start, end), share=0.5)
-
-    def judge(self, text: str, start: float, end: float, turn: int) -> str:
-        """The caller's words `text`, heard from `start` to `end` (call seconds) in or over `turn`, less the agent's
-        own: "" when they were all echo."""
+        """Half or more of the caller's words so far (a partial, which the STT may still change) are the agent's,
+        or they are a lone word over it (`_lone_word`); counts nothing."""
         agent = self._around(start, end)
-        if is_echo(text, agent):
-            self.gated_segments += 1
+        return is_echo(text, agent, share=0.5) or _lone_word(text, agent)
+
+    def judge(self, text: str, start: float, end: float, turn: int, over_agent: bool = False) -> str:
+        """The caller's words `text`, heard from `start` to `end` (call seconds) in or over `turn`, less the agent's
+        own: "" when they were all echo. Speech `over_agent` (its reply still going) that comes to a lone word
+        (`_lone_word`) is echo too: the leak the level gate lets through most is residual echo the STT hears as one
+        word ("Fred", "like": CI's speakerphone replay), which then cut the reply. A caller who means to stop the
+        agent says more, or a word that always takes the turn ("wait", "stop", "what")."""
+        agent = self._around(start, end)
+        kept = "" if is_echo(text, agent) else without_echo(text, agent)
+        if over_agent and _lone_word(kept, agent):
             kept = ""
-        else:
-            kept = without_echo(text, agent)
         if kept != text:
+            self.gated_segments += not kept
             self.gated_words += len(text.split()) - len(kept.split())
             self.gated_speech.append({"t": round(start, 2), "turn": turn, "text": text, "kept": kept})
         return kept
@@ -93,6 +97,13 @@ class CallEcho:
                 "gated_segments": self.gated_segments, "gated_words": self.gated_words,
                 "gated_speech": list(self.gated_speech),
                 "cpu_ms": round(1000 * self.cpu_s, 1), "audio_s": round(self.audio_s, 2)}
+
+
+def _lone_word(text: str, agent: list[str]) -> bool:
+    """One word, neither a backchannel nor one that always takes the turn, while the agent's words (`agent`) may
+    still be echoing."""
+    words = normalise(text).split()
+    return len(words) == 1 and words[0] not in INTERRUPTIONS and not is_backchannel(text) and bool(agent)
 
 
 def open_call_echo(settings: Settings, transport: str, params: dict[str, Any], output: Any, rate: int,

@@ -45,7 +45,7 @@ class Interruptions:
         failed = future.cancelled() or future.exception() is not None
         text = "" if failed else future.result().text.strip()
         if text and self._echo is not None:  # the agent's own words heard back are no words: as a noise, it goes on
-            kept = self._echo.judge(text, *spoken, reply.turn)
+            kept = self._echo.judge(text, *spoken, reply.turn, over_agent=True)
             if kept != text:
                 log.info("call %s: %r over turn %d heard back from the agent, kept %r", self.call_id, text,
                          reply.turn, kept)
