@@ -23,7 +23,7 @@ class Interruptions:
     writes `_reply` and `state` (an interruption hands the call back to the caller: LISTENING), `_holding`, `_turns`,
     `_stt_turn_active` (speech that was echo) and `_next_timeline` (a reopened turn), `_pending_assistant` /
     `_unanswered`, and `record` (`barge_ins`, `turns`, `greeting_heard`). Uses CallSession's `_finish_turn`,
-    `_stt_end`, `_emit`, `note`, `_since` and `_spawn`."""
+    `_stt_end`, `_echo_judged`, `_emit`, `note`, `_since` and `_spawn`."""
 
     def _over_agent(self) -> bool:
         """The agent's audio is going out and caller speech over it waits for its words (`calls.backchannels`)."""
@@ -45,11 +45,7 @@ class Interruptions:
         failed = future.cancelled() or future.exception() is not None
         text = "" if failed else future.result().text.strip()
         if text and self._echo is not None:  # the agent's own words heard back are no words: as a noise, it goes on
-            kept = self._echo.judge(text, *spoken, reply.turn, over_agent=True)
-            if kept != text:
-                log.info("call %s: %r over turn %d heard back from the agent, kept %r", self.call_id, text,
-                         reply.turn, kept)
-                self.note("echo_gated", turn=reply.turn, text=text, kept=kept)
+            kept = self._echo_judged(text, *spoken, reply.turn, over_agent=True)
             if not kept:  # its audio is no caller's turn: the caller's next words start their own
                 self.stt.cancel_turn()
                 self._stt_turn_active = False

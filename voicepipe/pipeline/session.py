@@ -579,10 +579,15 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             return text
         timeline = reply.record.timeline
         now = self._since()
-        kept = self._echo.judge(text, timeline.get("speech_start", now), timeline.get("speech_end", now), reply.turn)
+        return self._echo_judged(text, timeline.get("speech_start", now), timeline.get("speech_end", now), reply.turn)
+
+    def _echo_judged(self, text: str, start: float, end: float, turn: int, over_agent: bool = False) -> str:
+        """`CallEcho.judge` (the call cancels echo), logged and noted (`echo_gated`) where it took words out."""
+        kept = self._echo.judge(text, start, end, turn, over_agent)
         if kept != text:
-            log.info("call %s: turn %d: %r heard back from the agent, kept %r", self.call_id, reply.turn, text, kept)
-            self.note("echo_gated", turn=reply.turn, text=text, kept=kept)
+            where = "over turn" if over_agent else "turn"
+            log.info("call %s: %s %d: %r heard back from the agent, kept %r", self.call_id, where, turn, text, kept)
+            self.note("echo_gated", turn=turn, text=text, kept=kept)
         return kept
 
     async def _chores_done(self) -> None:
