@@ -19,11 +19,11 @@ class Interruptions:
     """CallSession's barge-in, reopen, backchannel and hold machinery (a mixin).
 
     Reads `cfg`, `stt`, `turns`, `output`, `session`, `closed`, `res.engine`, `_echo` (the echo gate), `_speech_due`
-    (when the caller's latest speech began); reads and
-    writes `_reply` and `state` (an interruption hands the call back to the caller: LISTENING), `_holding`, `_turns`,
-    `_stt_turn_active` (speech that was echo) and `_next_timeline` (a reopened turn), `_pending_assistant` /
-    `_unanswered`, and `record` (`barge_ins`, `turns`, `greeting_heard`). Uses CallSession's `_finish_turn`,
-    `_stt_end`, `_echo_judged`, `_emit`, `note`, `_since` and `_spawn`."""
+    (when the caller's latest speech began); reads and writes `_reply` and `state` (an interruption hands the call
+    back to the caller: LISTENING), `_holding`, `_turns`, `_stt_turn_active` (speech that was echo) and
+    `_next_timeline` (a reopened turn), `_pending_assistant` / `_unanswered`, and `record` (`barge_ins`, `turns`,
+    `greeting_heard`). Uses CallSession's `_finish_turn`, `_stt_end`, `_echo_judged`, `_emit`, `note`, `_since` and
+    `_spawn`."""
 
     def _over_agent(self) -> bool:
         """The agent's audio is going out and caller speech over it waits for its words (`calls.backchannels`)."""
