@@ -239,6 +239,9 @@ BUILTIN_TOOLS = ("end_call", "transfer_call", "send_dtmf")
 BuiltinTool = Literal["end_call", "transfer_call", "send_dtmf"]
 
 
+MAX_REPLY_TOKENS = 4096  # the largest reply budget, of the settings or of one call
+
+
 class CallSettings(Section):
     """Per-call pipeline defaults (a call's start message may override the prompt and the greeting)."""
 
@@ -276,11 +279,11 @@ class CallSettings(Section):
     # on and the turn records the error. None or "": nothing is said
     apology: str | None = "Sorry, I'm having trouble answering right now. Could you say that again in a moment?"
     idle_timeout_s: float = Field(120.0, gt=0.0)  # no caller speech and no agent audio this long: hang up
-    max_reply_tokens: int = Field(60, ge=1, le=4096)
+    max_reply_tokens: int = Field(60, ge=1, le=MAX_REPLY_TOKENS)  # a call may set its own (`max_reply_tokens`)
     temperature: float = Field(0.0, ge=0.0, le=2.0)  # 0: greedy
     max_lead_ms: float = Field(200.0, gt=0.0, le=5000.0)  # agent audio sent ahead of playout
     auth_token: SecretStr | None = None  # shared secret for /ws*: header, ?token=, or Telnyx's auth header
-    allow_overrides: bool = True  # the start message may set system_prompt / greeting
+    allow_overrides: bool = True  # the start message may set system_prompt, greeting, max_reply_tokens, ...
     audiosocket_port: int | None = Field(None, ge=0, le=65535)  # Asterisk AudioSocket TCP listener (None: off)
     # WebRTC (/webrtc/offer and the softphone): none by default, so nothing reaches out past loopback/LAN
     ice_servers: list[IceServer] = Field(default_factory=list)

@@ -32,6 +32,10 @@ from voicepipe.caller import run_call
 pytestmark = pytest.mark.e2e
 
 MAX_REPLY_TOKENS = 40
+# The barge-in call's own reply budget. The caller cuts in 300 ms into the reply's audio, about 700 ms after the
+# reply's first token on a quiet machine (25 tokens at 36 tok/s); with 40 tokens a loaded CI machine saw the stream
+# complete first. 200 tokens take the backend 5.5 s.
+STORY_TOKENS = 200
 SYSTEM_PROMPT = AGENT_PROMPT  # an agent's system prompt of realistic length (about 500 tokens)
 
 
@@ -46,8 +50,8 @@ def backend_requests(base: str, reason: str) -> float:
 def setup(tmp_path_factory):
     """(backend base, backend process, replica A (base, app), replica B (base, process), store URL).
 
-    The backend decodes in fp16 (36 tok/s here), not q4 (79 tok/s): the barge-in test cuts the caller in 300 ms
-    into the reply's audio and needs the backend still generating its 40 tokens then, which q4 finished first."""
+    The backend decodes in fp16 (36 tok/s here), not q4 (79 tok/s), so that a reply's stream is still open when a
+    caller barges in (`STORY_TOKENS`)."""
     tmp = tmp_path_factory.mktemp("scale")
     with postgres_server() as store_url, \
             server_process("--set", "llm.kv_cache_mib=128", "--set", "llm.weights=fp16", wait=False) \
@@ -150,12 +154,13 @@ def test_barge_in_closes_the_remote_stream_and_keeps_what_was_heard(setup, voice
     utts = [speak("Tell me a long story about a brave dragon and a princess.", voice_dir),
             speak("What is the capital of France?", voice_dir)]
     result = asyncio.run(run_call(ws(a_base), "native", utts, quiet_s=0.6, reply_timeout_s=90,
-                                  barge_in_after_ms=300, record_url=a_base))
+                                  barge_in_after_ms=300, params={"max_reply_tokens": STORY_TOKENS},
+                                  record_url=a_base))
 
     record = result.record
     assert record["barge_ins"] == 1 and result.turns[1].audio_s > 0.3
     first = record["turns"][0]
-    assert first["output_tokens"] < MAX_REPLY_TOKENS, first  # its stream was closed before the reply was complete
+    assert first["output_tokens"] < STORY_TOKENS, first  # its stream was closed before the reply was complete
     assert_history_keeps_what_was_heard(record)
     deadline = time.monotonic() + 10
     while backend_requests(backend, "cancelled") <= cancelled and time.monotonic() < deadline:

@@ -641,6 +641,36 @@ def test_a_seed_parameter_seeds_every_turn_distinctly(seed, expected) -> None:
     run(main())
 
 
+@pytest.mark.parametrize(("given", "budget"), [(200, 200), ("12", 12), (None, 60), (0, 60), (5000, 60), ("lots", 60),
+                                              (True, 60)])
+def test_a_max_reply_tokens_parameter_sets_the_calls_reply_budget(given, budget) -> None:
+    """A call's own `max_reply_tokens` (an int, or digits as providers send custom parameters) replaces
+    `calls.max_reply_tokens` (60 here); one outside 1..4096, or not a number, leaves the setting."""
+    async def main():
+        h = Harness(params={} if given is None else {"max_reply_tokens": given})
+        await h.call.start()
+        h.output.playing = True
+        await h.one_turn()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        assert [o["max_tokens"] for o in h.engine.tool_options] == [budget]
+        await h.call.close("stop")
+
+    run(main())
+
+
+def test_a_max_reply_tokens_parameter_is_ignored_when_overrides_are_off() -> None:
+    async def main():
+        h = Harness(params={"max_reply_tokens": 200}, allow_overrides=False)
+        await h.call.start()
+        h.output.playing = True
+        await h.one_turn()
+        await h.settle(lambda: h.output.ended_replies == 1)
+        assert [o["max_tokens"] for o in h.engine.tool_options] == [60]
+        await h.call.close("stop")
+
+    run(main())
+
+
 def test_the_timelines_speech_end_follows_a_final_sound_past_what_had_come_at_the_vads_report() -> None:
     """The VAD may score a soft final sound (a fricative) as silence and report the end with only ~75 ms of audio
     after it: the end then stops where that audio did. Once `SEARCH_MS` more has come, the timeline's speech end is

@@ -165,3 +165,12 @@ def test_a_native_start_may_pick_the_calls_turn_policy():
     with pytest.raises(ProtocolError) as info:
         make_serializer("native").decode(json.dumps({"type": "start", "turn_policy": 3}))
     assert info.value.kind == "bad_start"
+
+
+def test_a_native_start_may_set_the_calls_reply_budget():
+    start = make_serializer("native").decode(json.dumps({"type": "start", "max_reply_tokens": 200}))[0]
+    assert start.custom_parameters == {"max_reply_tokens": 200}
+    for bad in (0, 4097, 2.5, "200", True, None):
+        with pytest.raises(ProtocolError) as info:
+            make_serializer("native").decode(json.dumps({"type": "start", "max_reply_tokens": bad}))
+        assert info.value.kind == "bad_start" and "max_reply_tokens" in info.value.detail, bad

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from voicepipe.audio import StreamResampler
-from voicepipe.config import CallSettings, Settings
+from voicepipe.config import MAX_REPLY_TOKENS, CallSettings, Settings
 from voicepipe.llm.errors import LLMError
 from voicepipe.observability.hooks import Observers
 from voicepipe.observability.records import CallRecord, TurnRecord
@@ -89,7 +89,10 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 prompt = params["system_prompt"]
             if "greeting" in params and (params["greeting"] is None or isinstance(params["greeting"], str)):
                 greeting = params["greeting"]
-        self.seed = _call_seed(params.get("seed")) if self.cfg.allow_overrides else None
+        self.seed = _int_param(params.get("seed")) if self.cfg.allow_overrides else None
+        budget = _int_param(params.get("max_reply_tokens")) if self.cfg.allow_overrides else None
+        if budget is not None and 1 <= budget <= MAX_REPLY_TOKENS:
+            self.cfg = self.cfg.model_copy(update={"max_reply_tokens": budget})
         policy = settings.turn.policy
         if self.cfg.allow_overrides and params.get("turn_policy") in POLICIES:
             policy = params["turn_policy"]
@@ -732,8 +735,9 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             raise stream.error
 
 
-def _call_seed(value: Any) -> int | None:
-    """A call's `seed` parameter (an int, or digits: providers pass custom parameters as strings)."""
+def _int_param(value: Any) -> int | None:
+    """A call's integer parameter (`seed`, `max_reply_tokens`): an int, or digits, since providers pass custom
+    parameters as strings."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from voicepipe.config import MAX_REPLY_TOKENS
 from voicepipe.transports.events import Dtmf, Event, Mark, Media, ProtocolError, Start, Stop
 from voicepipe.transports.serializers.base import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -34,7 +35,7 @@ class KeyPress:
     """A key a WebRTC caller presses: not a frame, an RTP event its link sends (caller/webrtc.py)."""
 
     digit: str
-START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice")
+START_FIELDS = ("system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice", "max_reply_tokens")
 PROTOCOL_VERSION = 1
 
 
@@ -85,6 +86,9 @@ class NativeSerializer(Serializer):
                 raise ProtocolError("bad_start", f"start.{key} has the wrong type")
         if isinstance(message.get("tools"), list) and not all(isinstance(t, str) for t in message["tools"]):
             raise ProtocolError("bad_start", "start.tools must name tools (strings)")
+        budget = message.get("max_reply_tokens", 1)
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_REPLY_TOKENS:
+            raise ProtocolError("bad_start", f"start.max_reply_tokens must be an integer from 1 to {MAX_REPLY_TOKENS}")
         call_id = message.get("call_id")
         params = {k: message[k] for k in START_FIELDS if k in message}
         self.supports_marks = message.get("marks") is True

@@ -36,7 +36,8 @@ from voicepipe.transports.webrtc.link import PeerLink
 log = logging.getLogger(__name__)
 
 MAX_OFFER_BYTES = 64 * 1024
-START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice")
+START_FIELDS = ("call_id", "system_prompt", "greeting", "metadata", "turn_policy", "tools", "tool_choice",
+                "max_reply_tokens")
 # The body, for the OpenAPI description (parse_offer reads it itself: its checks are the ones that count)
 OFFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["sdp", "type"], "properties": {
