@@ -280,6 +280,32 @@ def test_speech_while_thinking_reopens_the_turn() -> None:
     run(main())
 
 
+def test_a_turn_reopened_twice_after_its_llm_started_keeps_each_word_once() -> None:
+    """Each time, the caller goes on while the LLM is thinking (it has started: `engine.slow` holds its words back):
+    the words it heard open the turn that goes on, once, not again with what an earlier reopen left."""
+    async def main():
+        h = Harness(texts=["book a table", "for two", "at eight"])
+        h.engine.slow = True
+        await h.call.start()
+        for calls in (1, 2):
+            h.speak(300)
+            await h.settle(lambda: len(h.engine.calls) == calls)
+            assert h.output.plays == []  # the caller has heard nothing of it
+            h.push(20, h.ev("speech_start"))
+            h.push(200)
+            await h.settle(lambda: h.engine.dropped)
+            h.engine.dropped.clear()
+        h.engine.slow = False
+        h.push(20, h.ev("speech_end"))
+        h.push(20, h.ev("end_of_turn"))
+        await h.settle(lambda: len(h.engine.calls) == 3)
+        assert [c[-1]["content"] for c in h.engine.calls] == ["book a table", "book a table for two",
+                                                              "book a table for two at eight"]
+        await h.call.close()
+
+    run(main())
+
+
 async def stream_line(h: Harness, events: dict[int, str], chunks: int, stalls: dict[int, float]) -> None:
     """The caller's line: 20 ms chunks at their pace, chunk `i` bringing the VAD event `events[i]`; before chunk `i`
     in `stalls` the link stalls that many seconds, then delivers what it held at once (a late socket read, late

@@ -123,8 +123,8 @@ class Interruptions:
         if not reply.llm_started:
             words = await self._late_transcript(reply)
         else:
-            words = reply.record.user_text
-            self._pending_assistant, self._unanswered = reply.consumed
+            words = reply.record.user_text  # it holds the words the reply took from `_unanswered` too
+            self._pending_assistant = reply.consumed[0]
             if await self._session_idle():
                 try:
                     self.res.engine.drop_turns(self.session, reply.turns_before)
