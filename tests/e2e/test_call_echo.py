@@ -42,12 +42,9 @@ def call(server: str, utterances, **kw):
 
 def test_a_speakerphone_caller_has_a_turn_per_utterance_and_no_echo_turn(server, voice_dir) -> None:
     record = call(server, [speak(text, voice_dir) for text in FIVE]).record
-    # A turn the STT heard as no words gets no reply: in a CI run beside a CPU burner (95d92a5) the echo that cut
-    # turn 1's reply was one, and the call went on with the caller's five. Each such turn must be the speech of a
-    # barge-in, so the echo's turns stay bounded as the barge-ins are.
-    turns = [t for t in record["turns"] if t["user_text"].strip()]
-    assert len(turns) == len(FIVE), [t["user_text"] for t in record["turns"]]
-    assert len(record["turns"]) - len(turns) <= record["barge_ins"], record["turns"]
+    # Echo the STT hears as no words (a CI run beside a CPU burner had the echo that cut turn 1's reply so) is no turn.
+    turns = record["turns"]
+    assert len(turns) == len(FIVE), [t["user_text"] for t in turns]
     # Replies cut by their own echo: none in 3 of 4 runs on a quiet machine, two in a CI run beside a CPU burner
     # (docs/echo.md, "With the gate"); before the gate, every reply was cut. The bound catches a gate that stops
     # working; the issue's target (none) is not met yet.

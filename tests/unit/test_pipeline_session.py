@@ -289,7 +289,7 @@ def test_a_turn_reopened_twice_after_its_llm_started_keeps_each_word_once() -> N
         await h.call.start()
         for calls in (1, 2):
             h.speak(300)
-            await h.settle(lambda: len(h.engine.calls) == calls)
+            await h.settle(lambda n=calls: len(h.engine.calls) == n)
             assert h.output.plays == []  # the caller has heard nothing of it
             h.push(20, h.ev("speech_start"))
             h.push(200)
@@ -447,6 +447,24 @@ def test_words_cut_off_while_thinking_are_answered_even_when_the_next_turn_hears
         h.stt.futures[0].set_result(SimpleNamespace(text="book a table"))  # they arrive late
         await h.settle(lambda: h.engine.calls)
         assert h.engine.calls[0] == [{"role": "user", "content": "book a table"}]
+        await h.call.close()
+
+    run(main())
+
+
+def test_a_turn_the_stt_hears_no_words_in_leaves_no_turn() -> None:
+    """A cough the VAD took for speech: no reply, no turn reported, and the next turn is turn 1."""
+    async def main():
+        h = Harness(texts=["", "what time is it"])
+        await h.call.start()
+        h.speak(300)
+        await h.settle(lambda: h.call.state is CallState.LISTENING)
+        await asyncio.sleep(0.05)
+        assert h.engine.calls == [] and h.call.record.turns == [] and h.observer.turns == []
+        await h.one_turn()
+        h.output.playing = False
+        await h.settle(lambda: len(h.observer.turns) == 1)
+        assert [(t.turn, t.user_text) for t in h.observer.turns] == [(1, "what time is it")]
         await h.call.close()
 
     run(main())

@@ -81,7 +81,7 @@ class _Reply:
     after: tuple[str, str | None] | None = None  # once played, a tool's action: (end_call | transfer_call, target)
     sent_samples: int = 0  # its audio the transport has sent
     words_sent: int = 0  # its words whose audio has begun to go out (the echo gate's record of what it said)
-    echo: bool = False  # the caller's words it answered were the agent's own, heard back: it leaves no turn
+    wordless: bool = False  # it had no caller words to answer (none heard, or all the agent's own): no turn
 
     @property
     def held(self) -> bool:

@@ -515,7 +515,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         if record is None or reply.finished:
             return
         reply.finished = True
-        if reply.echo:  # the agent's own words, heard back: no turn
+        if reply.wordless:
             if record in self.record.turns:
                 self.record.turns.remove(record)
             if self._turns == reply.turn:
@@ -554,8 +554,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 if not text:
                     self.turns.text_known(reply.segment, None)  # no words to score: the decision need not wait
                     await self._chores_done()  # a barge-in's late transcript may still be on its way
-                    if not self._unanswered:
-                        reply.echo = bool(transcript.text.strip())  # words, all of them echo: no turn at all
+                    if not self._unanswered:  # a noise the STT made no words of, or the agent's own heard back
+                        reply.wordless = True
                         reply.stream.cancel()
                         return
                 await self._generate(reply, record, text)
