@@ -17,7 +17,7 @@ talks over it (double talk). Every candidate runs in 20 ms frames, as a call wou
 - `cpu_ms_per_s`: process CPU time per second of audio (CPU, not wall time: the machine is shared).
 
 "_aligned" candidates pass the input through until `voicepipe.echo.delay`'s estimate exists, then get the
-reference read `canceller.reference_lag` back; the others get the reference as it played and must cover the
+reference read `canceller.held_lag` back; the others get the reference as it played and must cover the
 delay themselves (AEC3 estimates it; Speex's 600 ms filter spans 400 ms of delay plus the 120 ms tail).
 JSON: flat keys `<candidate>.<rate>.<delay>ms.<level>dB.<metric>`, means over the grid `<candidate>.<metric>`,
 `<candidate>.erle_db_min`, and `<candidate>.dt_snr_over_none_db` (dB figures: differences, not ratios).
@@ -37,7 +37,7 @@ import numpy as np
 
 from voicepipe.audio.l16 import float32_to_int16, int16_to_float32
 from voicepipe.echo import simulate
-from voicepipe.echo.canceller import EchoCanceller, reference_lag
+from voicepipe.echo.canceller import EchoCanceller, held_lag
 from voicepipe.echo.delay import DelayEstimator
 
 AGENT = [
@@ -130,15 +130,15 @@ def run(process: Processor, far: np.ndarray, mic: np.ndarray, rate: int, aligned
     far16, mic16 = float32_to_int16(far), float32_to_int16(mic)
     out = mic16.copy()
     estimator = DelayEstimator(rate) if aligned else None
-    lag = 0
+    lag = None
     started = time.process_time()
     for start in range(0, len(mic16) - frame + 1, frame):
         if estimator is not None:
             estimator.push(far[start : start + frame], mic[start : start + frame])
             if estimator.delay is None:
                 continue
-            lag = reference_lag(estimator.delay, rate)
-        lo = start - lag
+            lag = held_lag(lag, estimator.delay, rate)
+        lo = start - (lag or 0)
         ref = far16[lo : lo + frame] if lo >= 0 else np.zeros(frame, np.int16)
         out[start : start + frame] = process(mic16[start : start + frame], ref)
     cpu = time.process_time() - started

@@ -32,9 +32,25 @@ _PREPROCESS_SET_NOISE_SUPPRESS = 18  # speex/speex_preprocess.h
 _PREPROCESS_SET_ECHO_STATE = 24
 
 
+# The filter learns the echo path against the reference as it is handed: reading it from 1 ms (16 samples) further
+# back misplaces all it has learned (an echo at 150 ms, -10 dB: ERLE 35 dB with the read position fixed, 6 dB with it
+# moved by 1 ms and back each second). The delay estimate moves by a sample or a few ms from reading to reading, so
+# the read position stays put while the estimate stays in [lag, lag + HOLD_MS]: the echo's direct path still falls
+# in the filter's first part, and its room tail inside the filter's span.
+HOLD_MS = 60.0
+
+
 def reference_lag(delay: int, rate: int) -> int:
     """How many samples before a frame to read its reference, for an echo that arrives `delay` samples late."""
     return max(0, delay - int(rate * ALIGN_MARGIN_MS / 1000))
+
+
+def held_lag(lag: int | None, delay: int, rate: int) -> int:
+    """The read position `reference_lag` for a canceller that has been reading `lag` back (None: not yet): kept
+    while the estimated `delay` stays within the part of the filter it allows (`HOLD_MS`), else moved to it."""
+    if lag is not None and lag <= delay <= lag + int(rate * HOLD_MS / 1000):
+        return lag
+    return reference_lag(delay, rate)
 
 
 class EchoUnavailable(VoicepipeError):

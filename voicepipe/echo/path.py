@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from voicepipe.audio.l16 import float32_to_int16, int16_to_float32, require_dtype
-from voicepipe.echo.canceller import EchoCanceller, reference_lag
+from voicepipe.echo.canceller import EchoCanceller, held_lag
 from voicepipe.echo.delay import MIN_REFERENCE_RMS, DelayEstimator
 from voicepipe.echo.level_gate import EchoLevelGate
 from voicepipe.echo.reference import FarEndReference
@@ -32,6 +32,7 @@ class EchoPath:
         self.gate = EchoLevelGate(reference, self.delay.min_lag, self.delay.max_lag, self.canceller.frame)
         self._pending = np.zeros(0, np.int16)  # the caller's audio short of a whole frame
         self._position = 0  # input position of the first pending sample
+        self._lag: int | None = None  # how far back the canceller reads the reference (`held_lag`)
         self._echo_in = 0.0  # the input's and the output's energy over the frames the echo's reference sounded in
         self._echo_out = 0.0
 
@@ -62,7 +63,8 @@ class EchoPath:
     def _frame(self, near: np.ndarray) -> np.ndarray:
         """One whole frame through the canceller (there is a delay estimate: frames wait for none before it)."""
         at, self._position = self._position, self._position + len(near)
-        far = self.reference.window(at - reference_lag(self.delay.delay, self.rate), len(near))
+        self._lag = held_lag(self._lag, self.delay.delay, self.rate)
+        far = self.reference.window(at - self._lag, len(near))
         out = self.canceller.process(near, float32_to_int16(far))
         if np.sqrt(np.mean(np.square(far))) >= MIN_REFERENCE_RMS:
             self._echo_in += float(np.sum(np.square(near, dtype=np.float64)))
