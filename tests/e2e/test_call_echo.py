@@ -45,9 +45,9 @@ def test_a_speakerphone_caller_has_a_turn_per_utterance_and_no_echo_turn(server,
     # Echo the STT hears as no words (a CI run beside a CPU burner had the echo that cut turn 1's reply so) is no turn.
     turns = record["turns"]
     assert len(turns) == len(FIVE), [t["user_text"] for t in turns]
-    # Replies cut by their own echo: none in 3 of 4 runs on a quiet machine, two in a CI run beside a CPU burner
-    # (docs/echo.md, "With the gate"); before the gate, every reply was cut. The bound catches a gate that stops
-    # working; the issue's target (none) is not met yet.
+    # Replies cut by their own echo: before the gate, every reply; with it, three in a CI run beside a CPU burner;
+    # with the canceller's read position held as well, none in 4 of 4 runs beside a burner (docs/echo.md, "With the
+    # gate"). The bound catches a gate that stops working; the issue's target (none in every run) is not shown yet.
     assert record["barge_ins"] <= 2, record["turns"]
     heard = sum(any(word in t["user_text"].lower() for word in words) for t, words in zip(turns, FIVE.values(),
                                                                                            strict=True))
