@@ -685,31 +685,20 @@ def test_a_seed_parameter_seeds_every_turn_distinctly(seed, expected) -> None:
     run(main())
 
 
-@pytest.mark.parametrize(("given", "budget"), [(200, 200), ("12", 12), (None, 60), (0, 60), (5000, 60), ("lots", 60),
-                                              (True, 60)])
-def test_a_max_reply_tokens_parameter_sets_the_calls_reply_budget(given, budget) -> None:
+@pytest.mark.parametrize(("given", "overrides", "budget"), [
+    (200, True, 200), ("12", True, 12), (None, True, 60), (0, True, 60), (5000, True, 60), ("lots", True, 60),
+    (True, True, 60), (200, False, 60)])
+def test_a_max_reply_tokens_parameter_sets_the_calls_reply_budget(given, overrides, budget) -> None:
     """A call's own `max_reply_tokens` (an int, or digits as providers send custom parameters) replaces
-    `calls.max_reply_tokens` (60 here); one outside 1..4096, or not a number, leaves the setting."""
+    `calls.max_reply_tokens` (60 here); one outside 1..4096, or not a number, or with `calls.allow_overrides` off,
+    leaves the setting."""
     async def main():
-        h = Harness(params={} if given is None else {"max_reply_tokens": given})
+        h = Harness(params={} if given is None else {"max_reply_tokens": given}, allow_overrides=overrides)
         await h.call.start()
         h.output.playing = True
         await h.one_turn()
         await h.settle(lambda: h.output.ended_replies == 1)
         assert [o["max_tokens"] for o in h.engine.tool_options] == [budget]
-        await h.call.close("stop")
-
-    run(main())
-
-
-def test_a_max_reply_tokens_parameter_is_ignored_when_overrides_are_off() -> None:
-    async def main():
-        h = Harness(params={"max_reply_tokens": 200}, allow_overrides=False)
-        await h.call.start()
-        h.output.playing = True
-        await h.one_turn()
-        await h.settle(lambda: h.output.ended_replies == 1)
-        assert [o["max_tokens"] for o in h.engine.tool_options] == [60]
         await h.call.close("stop")
 
     run(main())

@@ -86,8 +86,9 @@ class NativeSerializer(Serializer):
                 raise ProtocolError("bad_start", f"start.{key} has the wrong type")
         if isinstance(message.get("tools"), list) and not all(isinstance(t, str) for t in message["tools"]):
             raise ProtocolError("bad_start", "start.tools must name tools (strings)")
-        budget = message.get("max_reply_tokens", 1)
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_REPLY_TOKENS:
+        budget = message.get("max_reply_tokens")
+        if "max_reply_tokens" in message and (isinstance(budget, bool) or not isinstance(budget, int)
+                                              or not 1 <= budget <= MAX_REPLY_TOKENS):
             raise ProtocolError("bad_start", f"start.max_reply_tokens must be an integer from 1 to {MAX_REPLY_TOKENS}")
         call_id = message.get("call_id")
         params = {k: message[k] for k in START_FIELDS if k in message}
