@@ -7,6 +7,11 @@ which the CI machines have: only on a CPU without it are these tests skipped, an
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -88,7 +93,7 @@ def test_the_kernels_run_on_every_torch_thread() -> None:
 def test_other_python_threads_run_while_a_kernel_does() -> None:
     """The kernels let go of the GIL: held, a call's event loops (inbound audio, the VAD) waited on the engine's
     matmuls, in a four-call run for hundreds of ms at a time."""
-    kernels, blocks, x = blockq.native(), quantize(torch.randn(4096, 4096)), torch.randn(96, 4096)  # ~20 ms a call
+    kernels, blocks, x = blockq.native(), quantize(torch.randn(4096, 4096)), torch.randn(384, 4096)  # ~50 ms a call
     wakes, done = [], threading.Event()
 
     def ticker() -> None:
@@ -297,3 +302,52 @@ def test_a_fused_step_refuses_slots_outside_the_pool() -> None:
         step(64, [0, 64])
     with pytest.raises(RuntimeError, match="history slots out of the pool"):
         step(5, [0, 1, 99, 5])
+
+
+def _layers_sharing_a_core_with_a_spinner(results) -> None:
+    """In a fresh process (its OpenMP threads are made here, on one core): fused layers on two threads beside a
+    process that spins on the same core, until a barrier has stalled or 30 s went by."""
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        torch.set_num_threads(2)
+        decoder = Decoder(tiny_llama(), "q4")
+        layer = decoder.layers[0]
+        pool = torch.zeros(2, 64, 16)
+        rot = torch.view_as_real(decoder.rotation(torch.tensor([5]))).contiguous()
+        kernels = blockq.native()
+        before, deadline = kernels.stalls(), time.monotonic() + 30
+        while kernels.stalls() == before and time.monotonic() < deadline:
+            kernels.fused_layer(torch.randn(1, 64), layer.norm_in, layer.norm_post, layer.qkv.blocks, layer.o.blocks,
+                                layer.gate_up.blocks, layer.down.blocks, rot, pool, pool.clone(), torch.tensor([5]),
+                                torch.tensor([[0, 1, 2, 3, 4, 5]]), torch.tensor([6]), decoder.num_heads,
+                                decoder.eps, decoder.scale)
+        results.put((kernels.stalls() - before, torch.get_num_threads()))
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+@needs_avx512
+def test_a_layer_whose_thread_lost_its_core_counts_a_stall_and_leaves_one_thread() -> None:
+    """Two threads and a spinning process on one core: a barrier waits out the spinner's slice for the other
+    thread. The kernels count it, and the caller's later layers (and torch's ops) run on one thread: each would
+    wait out the same slice (beside one busy process, a one-token step took 330 ms instead of 15)."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_layers_sharing_a_core_with_a_spinner, args=(results,))
+    child.start()
+    try:
+        stalls, threads_after = results.get(timeout=120)
+    finally:
+        child.join(timeout=30)
+    assert stalls >= 1
+    assert threads_after == 1
+
+
+def test_stalls_read_zero_and_set_threads_does_nothing_before_the_kernels_load(monkeypatch) -> None:
+    monkeypatch.setattr(blockq, "native", functools.cache(lambda: pytest.fail("built the kernels")))
+    assert blockq.stalls() == 0
+    blockq.set_threads(1)

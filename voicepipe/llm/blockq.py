@@ -55,6 +55,19 @@ def native():
     return load("voicepipe_blockq", [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
 
 
+def stalls() -> int:
+    """How many barrier waits of the fused layers have lasted over 1 ms, a thread having lost its core (0 while the
+    kernels are not loaded: nothing has run on them)."""
+    return native().stalls() if native.cache_info().currsize else 0
+
+
+def set_threads(threads: int) -> None:
+    """The calling thread's threads, for the fused layers and torch's ops (after a stall, a fused layer leaves it
+    at one); a no-op while the kernels are not loaded."""
+    if native.cache_info().currsize:
+        native().set_threads(threads)
+
+
 @functools.cache
 def unavailable_reason() -> str | None:
     """Why the kernels cannot run here, or None."""

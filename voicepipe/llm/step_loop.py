@@ -8,7 +8,9 @@ import logging
 import time
 from typing import Any
 
+from voicepipe.llm import blockq
 from voicepipe.llm.attention import StepAborted
+from voicepipe.llm.core_sharing import CoreSharing
 from voicepipe.llm.errors import EngineStoppedError, LLMError, OverloadedError
 from voicepipe.llm.generation import _Event
 from voicepipe.llm.request import Request, State
@@ -56,6 +58,7 @@ class StepLoop:
         import torch
 
         torch.set_grad_enabled(False)
+        sharing = CoreSharing(blockq.stalls, blockq.set_threads, torch.get_num_threads())
         try:
             while True:
                 t_start = time.perf_counter()
@@ -98,6 +101,7 @@ class StepLoop:
                     self._step_abortable = False
                     self._after_step(plan.items, picks, end_probs, logprobs)
                     self._time_step(plan, (t_start, t_planned, *marks))
+                sharing.after_step()
         except BaseException as exc:  # pragma: no cover - a bug: fail everyone loudly rather than hang
             log.exception("LLM engine thread crashed")
             self.crashed = exc

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <thread>
@@ -211,6 +212,11 @@ void silu_gate(const float* gu, int64_t inter, float* act, int64_t c0, int64_t c
   }
 }
 
+// Waits of the barriers below that lasted over kStall: a thread of the layer had lost its core to another thread
+// or process (voicepipe/llm/core_sharing.py).
+std::atomic<int64_t> stalls{0};
+constexpr auto kStall = std::chrono::milliseconds(1);
+
 // The phases of one parallel region wait for each other here. A spin rather than OpenMP's barrier: once the
 // process has more OpenMP threads than cores (torch ran ops on another thread than the engine's: loading, the
 // quality check), libgomp puts a waiting thread to sleep after ~1000 spins, and waking it took ~30 us, which at
@@ -219,6 +225,8 @@ class SpinBarrier {
  public:
   explicit SpinBarrier(int threads) : threads_(threads) {}
 
+  bool stalled() const { return stalled_.load(std::memory_order_relaxed); }
+
   void wait() {
     const int generation = generation_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) {
@@ -226,11 +234,21 @@ class SpinBarrier {
       generation_.fetch_add(1, std::memory_order_release);
       return;
     }
+    std::chrono::steady_clock::time_point yielding_since;
+    bool stalled = false;
     for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
-      if (spins < kSpins)
+      if (spins < kSpins) {
         _mm_pause();
-      else
-        std::this_thread::yield();  // the other thread lost its core (STT, TTS): let whatever waits for it run
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (spins == kSpins) yielding_since = now;
+      if (!stalled && now - yielding_since > kStall) {
+        stalled = true;
+        stalls.fetch_add(1, std::memory_order_relaxed);
+        stalled_.store(true, std::memory_order_relaxed);
+      }
+      std::this_thread::yield();  // the other thread lost its core (STT, TTS): let whatever waits for it run
     }
   }
 
@@ -239,6 +257,7 @@ class SpinBarrier {
   const int threads_;
   std::atomic<int> arrived_{0};
   std::atomic<int> generation_{0};
+  std::atomic<bool> stalled_{false};
 };
 
 // Thread t's contiguous share [first, second) of n items split among threads.
@@ -372,7 +391,14 @@ void fused_layer(torch::Tensor x, const torch::Tensor& norm_in, const torch::Ten
       for (int64_t i = r * hidden; i < (r + 1) * hidden; ++i) xs[i] += projp[i];
     });
   }
+  // The step's later layers, and torch's ops, would each wait out the same scheduler slice: they run on this one
+  // thread until the engine sets the count back (`set_threads`).
+  if (barrier->stalled()) omp_set_num_threads(1);
 }
+
+// The calling thread's OpenMP threads, which torch's ops use too. Not torch.set_num_threads: that also empties
+// oneDNN's cache of compiled kernels, which the next op-by-op step then compiles again.
+void set_threads(int threads) { omp_set_num_threads(threads); }
 
 // How many threads a parallel_for of the kernels runs on (one when the build lost OpenMP: blockq.FLAGS).
 int64_t threads_used() {
@@ -386,6 +412,9 @@ int64_t threads_used() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto without_gil = py::call_guard<py::gil_scoped_release>();
   m.def("threads_used", &threads_used, "threads a parallel_for of these kernels runs on");
+  m.def("stalls", [] { return stalls.load(std::memory_order_relaxed); },
+        "how many barrier waits of the fused layers lasted over 1 ms so far (a thread had lost its core)");
+  m.def("set_threads", &set_threads, "the calling thread's OpenMP threads, torch's ops' included");
   m.def("linear", &linear, "x [rows, in] times block-quantized weights -> [rows, out]", without_gil);
   m.def("fused_layer", &fused_layer, "one decoder layer for a few rows, each over its own history, in place on x",
         without_gil);
