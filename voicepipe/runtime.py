@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -101,6 +102,10 @@ class Runtime:
             engine.add_request_listener(listener)
         engine.start()
         self.engine = engine
+        # The models' objects live as long as the process. Left to the collector, each full collection walked all
+        # of them (400k objects, ~190 ms) holding the GIL, and every call's audio waited as long (the event loop ran
+        # ~250 ms late once in each 10-turn `bench call`); frozen, it walks only what calls make.
+        gc.freeze()
 
     def _remote_engine(self, tokenizer_path: Path | None):
         """`llm.backend = "openai"`: a client of the server at llm.base_url, no LLM here; with llm.tokenizer, its end
