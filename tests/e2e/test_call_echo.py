@@ -62,7 +62,9 @@ def test_a_speakerphone_caller_has_a_turn_per_utterance_and_no_echo_turn(server,
 
 def test_a_caller_who_talks_over_the_agent_through_its_echo_stops_it_and_keeps_their_words(server, voice_dir) -> None:
     story = speak("Please tell me a long story about a dragon and a knight.", voice_dir)
-    wait = speak("Wait, what is the time in Tokyo?", voice_dir)
+    # whisper-tiny hears this sentence whole with no echo; "what is the time in Tokyo?" it heard as "the timing
+    # Tokyo" in 4 of 5 echo-free calls beside a burner, so a check of it tested the STT, not the echo.
+    wait = speak("Wait, what is the weather in London?", voice_dir)
     record = call(server, [story, wait], barge_in_after_ms=1500).record
     first, second = record["turns"][:2]
     assert first["interrupted"] and record["barge_ins"] >= 1, first
@@ -71,6 +73,6 @@ def test_a_caller_who_talks_over_the_agent_through_its_echo_stops_it_and_keeps_t
     replies = [m["content"] for m in record["history"] if m["role"] == "assistant"]
     assert heard in replies and said not in replies, replies  # the session rolled back to the words heard
     # the caller's words, spoken over the agent's: theirs kept, none of the agent's taken for theirs
-    assert "time" in second["user_text"].lower(), second
-    agent_only = set(said.lower().split()) - {"wait", "what", "is", "the", "time", "in", "tokyo"}
+    assert {"weather", "london"} <= set(second["user_text"].lower().strip(".?").replace(",", "").split()), second
+    agent_only = set(said.lower().split()) - {"wait", "what", "is", "the", "weather", "in", "london"}
     assert not agent_only & set(second["user_text"].lower().strip(".?").split()), (second, said)
