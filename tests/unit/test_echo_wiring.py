@@ -256,6 +256,7 @@ def test_the_callers_audio_reaches_the_vad_cleaned_of_the_echo_only_when_the_cal
     figures = call.record.metadata[ECHO_METADATA]
     assert abs(figures["delay_ms"] - 150) <= 2 and figures["erle_db"] > 10, figures
     assert 10 <= figures["erl_db"] <= 14, figures  # the echo's 10 dB, read up to 2 dB over (level_gate.py)
+    assert abs(figures["clock_skew_ppm"]) < 50, figures  # one clock at both ends: nothing to follow (echo/skew.py)
 
 
 def test_the_text_gate_counts_what_it_took_out_of_the_callers_words_and_keeps_each_for_the_record() -> None:

@@ -66,6 +66,9 @@ class DelayEstimator:
         self._seen = 0
         self._since_reading = 0
         self._readings: deque[int] = deque(maxlen=readings)
+        # Each accepted reading as (input position of its window's centre, lag), until its reader takes them
+        # (`EchoPath`, for the clock skew): a bounded queue, so that an estimator no one reads stays small.
+        self.taken: deque[tuple[int, int]] = deque(maxlen=readings)
 
     @property
     def delay(self) -> int | None:
@@ -99,6 +102,7 @@ class DelayEstimator:
             lag = self._reading()
             if lag is not None:
                 self._readings.append(lag)
+                self.taken.append((self._seen - self.window // 2, lag))
 
     def _reading(self) -> int | None:
         if np.sqrt(np.mean(self._far**2)) < MIN_REFERENCE_RMS:

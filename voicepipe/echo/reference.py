@@ -93,6 +93,31 @@ class FarEndReference:
         self._segments = [s for s in self._segments if len(s.audio)]
         return True
 
+    def stretch_start(self, position: int) -> int | None:
+        """Where the stretch of audio playing at input `position` began: the first of the segments before it that
+        follow each other with no gap (None: nothing plays there)."""
+        start = None
+        for seg in reversed(self._segments):
+            if start is not None:
+                if seg.end != start:
+                    break
+                start = seg.at
+            elif seg.at <= position < seg.end:
+                start = seg.at
+            elif seg.end <= position:
+                break
+        return start
+
+    def stretches(self, start: int, count: int) -> list[tuple[int, int]]:
+        """The stretches (first and end input position) that play within [start, start + count), in order."""
+        runs: list[list[int]] = []
+        for seg in self._segments:
+            if runs and seg.at == runs[-1][1]:
+                runs[-1][1] = seg.end
+            else:
+                runs.append([seg.at, seg.end])
+        return [(a, b) for a, b in runs if a < start + count and b > start]
+
     def window(self, start: int, count: int) -> np.ndarray:
         """What was playing at input positions [start, start + count): float32, silence where nothing was."""
         out = np.zeros(count, np.float32)

@@ -65,6 +65,12 @@ def echo_of(far: np.ndarray, rate: int, delay_ms: float, level_db: float, seed: 
     return gain * echo
 
 
+def fast_playout(audio: np.ndarray, skew: float) -> np.ndarray:
+    """`audio` as a loudspeaker whose clock runs `skew` fast plays it (0.001: 0.1 %), sampled on the microphone's
+    clock: it ends sooner, and its echo drifts against what was sent."""
+    return np.interp(np.arange(len(audio)) * (1.0 + skew), np.arange(len(audio)), audio).astype(np.float32)
+
+
 def microphone(echo: np.ndarray, near: np.ndarray, seed: int = 0) -> np.ndarray:
     """What the caller's line sends back: echo plus the caller's voice plus a noise floor, clipped at
     `CLIP_LEVEL` and coded to mu-law."""

@@ -105,7 +105,9 @@ def _db(value: Any) -> str:
 
 def _echo_facts(echo: dict[str, Any]) -> list[tuple[str, str]]:
     delay = echo.get("delay_ms")
-    found = (f"delay {_ms(delay)} · ERL {_db(echo.get('erl_db'))} · ERLE {_db(echo.get('erle_db'))}"
+    skew = echo.get("clock_skew_ppm")
+    clock = f" · loudspeaker clock {skew:+g} ppm" if isinstance(skew, int | float) and skew else ""
+    found = (f"delay {_ms(delay)} · ERL {_db(echo.get('erl_db'))} · ERLE {_db(echo.get('erle_db'))}{clock}"
              if isinstance(delay, int | float) else "none found")
     gated = (f"audio {echo.get('gated_audio_s', 0)} s · segments {echo.get('gated_segments', 0)} · "
              f"words {echo.get('gated_words', 0)}")

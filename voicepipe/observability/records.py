@@ -12,8 +12,10 @@ from typing import Any
 
 # A call's metadata key for its echo canceller's figures (`pipeline/call_echo.py`, `CallEcho.figures`), set when the
 # call ends: "delay_ms" the estimated echo delay, "erle_db" the echo return loss enhancement, "erl_db" the echo
-# return loss (each None: no echo found), "gated_audio_s", "gated_segments", "gated_words" (what the echo gate took),
-# "gated_speech" (each caller speech the text gate took words from: t, turn, text, kept).
+# return loss (each None: no echo found), "clock_skew_ppm" how much faster the caller's loudspeaker played than its
+# microphone sampled (0 until the delay readings pin it; `echo/skew.py`), "gated_audio_s", "gated_segments",
+# "gated_words" (what the echo gate took), "gated_speech" (each caller speech the text gate took words from: t, turn,
+# text, kept).
 ECHO_METADATA = "echo_canceller"
 
 

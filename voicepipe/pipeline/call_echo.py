@@ -92,7 +92,7 @@ class CallEcho:
     def figures(self) -> dict[str, Any]:
         delay = self.path.delay.delay_ms
         return {"delay_ms": None if delay is None else round(delay, 1), "erle_db": self.path.erle_db,
-                "erl_db": self.path.gate.erl_db,
+                "erl_db": self.path.gate.erl_db, "clock_skew_ppm": round(self.path.skew.skew * 1e6, 1),
                 "gated_audio_s": round(self.path.gate.gated_samples / self.path.rate, 2),
                 "gated_segments": self.gated_segments, "gated_words": self.gated_words,
                 "gated_speech": list(self.gated_speech),
