@@ -62,6 +62,21 @@ def test_a_stretch_is_the_audio_that_follows_on_without_a_gap() -> None:
     assert reference.stretches(2600, 2000) == []
 
 
+def test_a_stretch_keeps_its_start_when_the_ring_forgets_its_head_and_a_mark_that_moves_audio_later_starts_one(
+) -> None:
+    reference = FarEndReference(RATE, capacity_s=0.1)  # 1600 samples
+    reference.append(np.ones(1000, np.float32), at=0)
+    reference.append(np.ones(1000, np.float32))  # the ring forgets the first 400 samples
+    assert reference.stretch_start(500) == 0 and reference.stretches(0, 3000) == [(0, 2000)]  # the drift's anchor
+    reference = FarEndReference(RATE)
+    reference.append(np.ones(1000, np.float32), at=1000)
+    reference.append(np.ones(1000, np.float32))
+    assert reference.mark(1000, 1800)  # played earlier: what came before is cut, the stretch goes on
+    assert reference.stretch_start(1900) == 1000
+    assert reference.mark(1000, 2600)  # played later: a gap, and a stretch of its own from there
+    assert reference.stretch_start(2700) == 2600 and reference.stretch_start(1500) == 1000
+
+
 def test_the_drifted_window_reads_each_stretch_at_the_loudspeakers_pace_from_its_start() -> None:
     tone = np.sin(2 * np.pi * 300 * np.arange(3 * RATE) / RATE).astype(np.float32)
     reference = FarEndReference(RATE)

@@ -19,6 +19,7 @@ class _Segment:
     at: int  # input position of its first sample
     offset: int  # its first sample's place in everything sent (the count marks refer to)
     audio: np.ndarray  # float32
+    origin: int  # input position where its stretch began: the run of segments that follow each other with no gap
 
     @property
     def end(self) -> int:
@@ -46,7 +47,9 @@ class FarEndReference:
         position it was placed at."""
         start = self.end if at is None else max(at, self.end)
         if len(audio):
-            self._segments.append(_Segment(start, self.sent, np.asarray(audio, np.float32)))
+            last = self._segments[-1] if self._segments else None
+            origin = last.origin if last is not None and last.end == start else start
+            self._segments.append(_Segment(start, self.sent, np.asarray(audio, np.float32), origin))
             self.sent += len(audio)
             self._forget()
         return start
@@ -80,43 +83,40 @@ class FarEndReference:
         if abs(seg.at + split - at) <= tolerance:
             return True
         if split:
-            head = _Segment(seg.at, seg.offset, seg.audio[:split])
-            seg = _Segment(seg.at + split, offset, seg.audio[split:])
+            head = _Segment(seg.at, seg.offset, seg.audio[:split], seg.origin)
+            seg = _Segment(seg.at + split, offset, seg.audio[split:], seg.origin)
             self._segments[index : index + 1] = [head, seg]
             index += 1
         shift = at - seg.at
         for moved in self._segments[index:]:
             moved.at += shift
+            moved.origin += shift
         for before in self._segments[:index]:
             if before.end > at:
                 before.audio = before.audio[: max(0, at - before.at)]
         self._segments = [s for s in self._segments if len(s.audio)]
+        for before, after in zip(self._segments, self._segments[1:], strict=False):  # the stretches anew
+            after.origin = before.origin if before.end == after.at else after.at
         return True
 
     def stretch_start(self, position: int) -> int | None:
-        """Where the stretch of audio playing at input `position` began: the first of the segments before it that
-        follow each other with no gap (None: nothing plays there)."""
-        start = None
+        """Where the stretch of audio playing at input `position` began (None: nothing plays there). A stretch is a
+        run of segments that follow each other with no gap; it keeps its start when the ring forgets its head."""
         for seg in reversed(self._segments):
-            if start is not None:
-                if seg.end != start:
-                    break
-                start = seg.at
-            elif seg.at <= position < seg.end:
-                start = seg.at
-            elif seg.end <= position:
-                break
-        return start
+            if seg.at <= position < seg.end:
+                return seg.origin
+            if seg.end <= position:
+                return None
+        return None
 
     def stretches(self, start: int, count: int) -> list[tuple[int, int]]:
-        """The stretches (first and end input position) that play within [start, start + count), in order."""
-        runs: list[list[int]] = []
+        """The stretches (where each began, and the input position where it ends) that play within
+        [start, start + count), in order."""
+        ends: dict[int, int] = {}
         for seg in self._segments:
-            if runs and seg.at == runs[-1][1]:
-                runs[-1][1] = seg.end
-            else:
-                runs.append([seg.at, seg.end])
-        return [(a, b) for a, b in runs if a < start + count and b > start]
+            if seg.origin in ends or (seg.at < start + count and seg.end > start):  # its stretch runs to its end
+                ends[seg.origin] = seg.end
+        return list(ends.items())
 
     def window(self, start: int, count: int) -> np.ndarray:
         """What was playing at input positions [start, start + count): float32, silence where nothing was."""
@@ -139,5 +139,6 @@ class FarEndReference:
                 self._segments.pop(0)
                 held -= len(oldest.audio)
             else:
-                self._segments[0] = _Segment(oldest.at + excess, oldest.offset + excess, oldest.audio[excess:])
+                self._segments[0] = _Segment(oldest.at + excess, oldest.offset + excess, oldest.audio[excess:],
+                                             oldest.origin)
                 held -= excess
