@@ -4,16 +4,16 @@ it samples its own, and the reference read at that pace.
 A speakerphone, a Bluetooth speaker or a browser with its output on another device than its microphone plays the
 agent on one clock and records on another. Then the echo of a stretch of the agent's audio drifts against the
 reference: 0.1 % fast, its delay shrinks by 1 ms each second. Speex's filter cannot follow a path that moves a
-sample every 62 ms: offline, 0.1 % left it 4-7 dB of echo return loss enhancement where it took out 22-35 with none,
-and 0.02 % already cost two thirds (`scripts/bench_echo_skew.py`, docs/benchmarks.md).
+sample every 62 ms: offline, read as sent, it took 3.6-5.7 dB of echo out of a sixth reply at 0.1 % where it took
+28-41 with one clock, and 0.02 % already cost three quarters (`scripts/bench_echo_skew.py`, docs/benchmarks.md).
 
 `ClockSkew` reads the skew off the delay estimate's readings: within one stretch of the agent's audio (segments of
 the reference that follow each other, `FarEndReference.stretch_start`; the caller's end starts each anew when it
 comes) the readings fall on a line whose slope is minus the skew. The slope is pooled over the stretches (each
 stretch's own mean taken out: each starts where the reference placed it), readings far from their stretch's median
 are left out, and none is given before the readings spread enough to pin it (`MIN_SPREAD_S`) or while it is within
-the readings' noise of none (`SIGNIFICANCE`). `drifted_window` then
-reads the reference at that pace from the stretch's start, so the canceller sees a path that holds still.
+the readings' noise of none (`SIGNIFICANCE`). `drifted_window` then reads the reference at that pace from the
+stretch's start, so the canceller sees a path that holds still.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class ClockSkew:
 
     def add(self, stretch: int, position: int, lag: int) -> None:
         """A delay reading `lag` (samples) of the window centred on input `position`, in the stretch of the agent's
-        audio that began at reference position `stretch`."""
+        audio that began at input position `stretch` (`FarEndReference.stretch_start`)."""
         self._stretches.setdefault(stretch, []).append((position, lag))
         self._stretches.move_to_end(stretch)
         while len(self._stretches) > STRETCHES:
