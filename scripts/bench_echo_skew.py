@@ -9,8 +9,9 @@ loudspeaker starts each reply on time and plays it `skew` fast (as `caller.echo.
 No caller speaks. ERLE is the microphone's power over the canceller's output, in dB, over a reply's span:
 `first_reply`, `second_reply` and `last_reply`.
 
-JSON: flat keys `<delay>ms.<level>dB.skew<skew>.<reply>_erle_db`, and `<reply>_erle_over_no_skew.skew<skew>`: the
-mean over the delays and levels of each skew's ERLE over the no-skew ERLE of the same call.
+JSON: flat keys `<delay>ms.<level>dB.skew<skew>[.unfollowed].<reply>_erle_db`, and
+`<reply>_erle_over_no_skew.skew<skew>[.unfollowed]`: the mean over the delays and levels of each skew's ERLE over the
+no-skew ERLE of the same call (`.unfollowed`: the reference read as sent, `EchoPath(follow_clock=False)`).
 
     python scripts/bench_echo_skew.py --json skew.json
 """
