@@ -3,6 +3,8 @@ at that pace, and what that gives the canceller on a loudspeaker 0.1 % fast (`vo
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,19 @@ def test_readings_that_hold_still_but_for_their_noise_give_no_skew() -> None:
             clock.add(stretch, position, reading + int(noise.integers(-2, 3)))
             assert clock.compensated == 0.0
     assert abs(clock.skew) < MIN_SKEW
+
+
+def test_a_stretch_whose_readings_disagree_by_more_than_the_outlier_bound_counts_for_nothing() -> None:
+    """Two readings 40 ms apart in a stretch: both lie 20 ms off their median, so none of that stretch is kept, and
+    the fit goes on with the other stretches (a bench echo run warned of a mean of nothing here)."""
+    clock = ClockSkew(RATE)
+    for position, reading in drifting_readings(0.001, 0, 2400, 4.0):
+        clock.add(0, position, reading)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clock.add(500_000, 503_000, 2400)
+        clock.add(500_000, 507_000, 2400 + 640)
+    assert clock.skew == pytest.approx(0.001, abs=5e-5)
 
 
 def test_a_stretch_is_the_audio_that_follows_on_without_a_gap() -> None:

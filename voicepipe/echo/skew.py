@@ -65,7 +65,8 @@ class ClockSkew:
         for readings in self._stretches.values():
             x, y = np.array(readings, np.float64).T
             keep = np.abs(y - np.median(y)) <= outlier
-            centred.append((x[keep] - x[keep].mean(), y[keep] - y[keep].mean()))
+            if keep.any():  # (two readings further apart than twice the bound are both off their median)
+                centred.append((x[keep] - x[keep].mean(), y[keep] - y[keep].mean()))
         sxx = sum(float(x @ x) for x, _ in centred)
         if sxx < (MIN_SPREAD_S * self.rate) ** 2:
             return 0.0
