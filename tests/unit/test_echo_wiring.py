@@ -139,7 +139,7 @@ def test_the_connection_keeps_what_played_where_it_played_across_marks_and_a_cle
             await talk(phone, ref, clock, 1)
             await phone.say(phone.wire.mark_ack(mark))
         await until(lambda: not sounding(ref, t0, 5 * FRAME))
-        # the first mark moved it 11 frames on (the later ones agree with that within a frame)
+        # its ten marks in a row said so: the tone moved 11 frames on (the least they said)
         assert sounding(ref, t0 + 11 * FRAME, 10 * FRAME - 2 * SLACK)
         assert not sounding(ref, t0, 10 * FRAME) and not sounding(ref, t0 + 21 * FRAME, 10 * FRAME)
 
@@ -172,6 +172,40 @@ def test_audio_sent_where_the_far_end_cannot_clear_it_still_plays_and_marks_with
     played.played("m2", now=0.0)
     played.cleared(now=0.0)
     assert np.array_equal(ref.window(0, 8 * FRAME), placed)
+
+
+def test_a_late_mark_alone_moves_nothing_and_a_run_of_them_moves_the_reply_from_its_first_chunk() -> None:
+    ref = FarEndReference(RATE)
+    played = PlayedAudio(ref, RATE)
+    for n in range(20):  # 400 ms of reply, sent at once, placed from input position 0 on
+        played.sent(np.full(FRAME, 1000, np.int16), now=0.0, lead_s=0.0, mark=f"m{n}")
+    placed = ref.window(0, 30 * FRAME)
+
+    ref.received = FRAME + 3000  # m0 says its chunk ended 3000 samples (190 ms) after it was placed to
+    played.played("m0", now=0.0)
+    ref.received = 2 * FRAME + 100  # and m1 comes about on time: the far end's loop was late with m0, no more
+    played.played("m1", now=0.0)
+    assert np.array_equal(ref.window(0, 30 * FRAME), placed)
+
+    for n in range(2, 12):  # ten marks in a row 1900-2080 samples late: the far end plays the reply that much later
+        ref.received = (n + 1) * FRAME + 2080 - 20 * (n - 2)
+        played.played(f"m{n}", now=0.0)
+    moved = ref.window(0, 30 * FRAME)
+    assert np.array_equal(moved[:2 * FRAME], placed[:2 * FRAME])  # what the run did not speak of stays
+    assert not moved[2 * FRAME:2 * FRAME + 1900].any()  # the run's first chunk on moved by the least it said
+    assert np.array_equal(moved[2 * FRAME + 1900:20 * FRAME + 1900], placed[2 * FRAME:20 * FRAME])
+
+
+def test_a_mark_that_comes_before_the_reference_has_its_chunk_end_moves_it_back_at_once() -> None:
+    ref = FarEndReference(RATE)
+    played = PlayedAudio(ref, RATE)
+    ref.received = 1600
+    for n in range(10):
+        played.sent(np.full(FRAME, 1000, np.int16), now=0.0, lead_s=0.0, mark=f"m{n}")  # placed from 1600 on
+    ref.received = 1600 + 5 * FRAME - 1000  # m4's chunk had played 1000 samples (62 ms) before it was placed to end
+    played.played("m4", now=0.0)
+    start = 1600 + 4 * FRAME - 1000  # m4's chunk and the rest play from here
+    assert np.abs(ref.window(start, 6 * FRAME)).min() > 0 and not sounding(ref, start + 6 * FRAME, 2000)
 
 
 def test_audio_is_placed_by_the_callers_pace_not_by_how_much_of_their_audio_came_late() -> None:

@@ -20,11 +20,16 @@ from voicepipe.audio import StreamResampler
 from voicepipe.audio.l16 import int16_to_float32
 from voicepipe.echo.reference import FarEndReference
 
-# A mark comes back as late as the far end's loop sends it: in the caller simulator neighbouring chunks' marks came
-# up to 60 ms apart from what they played. Moving the reference by that much at every reply's first marks made
-# the canceller's filter learn the echo path again each time; a mark moves it only when it disagrees by more (a far
-# end that buffers, a drifting clock), and the delay estimate follows smaller changes.
+# A mark says its chunk had played by the time it came, so one that comes before the reference has the chunk end
+# proves the placement late: the chunk moves back to end there (a disagreement within EARLY_MARK_MS is the pace's
+# own unevenness). A late mark proves nothing alone: it comes back as late as the far end's loop and then the
+# server's send it, and under load (bench echo, three calls at once) single marks came 100-290 ms late; moving the
+# reference by each put the rest of a reply that far off its echo until a mark moved it back, and holds followed.
+# So the reference moves later only when MARKS_AGREE marks in a row say it is over MARK_TOLERANCE_MS late (a far end
+# that buffers, a drifting clock), by the least of them; the delay estimate follows smaller changes.
+EARLY_MARK_MS = 40.0
 MARK_TOLERANCE_MS = 100.0
+MARKS_AGREE = 10
 MARKS_KEPT = 1000  # unacknowledged marks remembered (20 s of 20 ms chunks): a provider that never echoes them
 PACE_ARRIVALS = 150  # the recent arrivals of the caller's audio (3 s of 20 ms frames) that set its pace
 
@@ -37,6 +42,8 @@ class PlayedAudio:
         self.clears = clears  # False: the far end cannot drop audio already sent (AudioSocket), it still plays
         self._resampler = StreamResampler(send_rate, reference.rate) if send_rate != reference.rate else None
         self._tolerance = int(reference.rate * MARK_TOLERANCE_MS / 1000)
+        self._early = int(reference.rate * EARLY_MARK_MS / 1000)
+        self._late: list[tuple[int, int]] = []  # the last marks in a row over tolerance: (chunk offset, how late)
         self._marks: OrderedDict[str, tuple[int, int]] = OrderedDict()  # mark -> its chunk's offsets in the reference
         self._arrivals: deque[float] = deque(maxlen=PACE_ARRIVALS)  # when input position 0 was due, by each arrival
 
@@ -64,19 +71,35 @@ class PlayedAudio:
                 self._marks.popitem(last=False)
 
     def played(self, mark: str, now: float) -> None:
-        """The far end says the audio up to `mark` has played by now: its chunk, and what follows it, moves to end
-        there (a mark it has said before moves nothing)."""
+        """The far end says the audio up to `mark` has played by now: where that disagrees with the reference, its
+        chunk and what follows move (see `MARK_TOLERANCE_MS`; a mark it has said before moves nothing)."""
         if mark not in self._marks:
             return
         while (oldest := self._marks.popitem(last=False))[0] != mark:
             pass
         start, end = oldest[1]
-        if end > start:
-            ref = self.reference
-            ref.mark(start, self.position(now) - (end - start), self._tolerance)
+        placed = self.reference.placed(start) if end > start else None
+        if placed is None:
+            return
+        late = self.position(now) - (placed + end - start)  # input samples the mark came after the chunk ended
+        if late < -self._early:
+            self._move(start, placed + late)
+        elif late <= self._tolerance:
+            self._late.clear()
+        else:
+            self._late.append((start, late))
+            if len(self._late) == MARKS_AGREE:  # the run moves from its first chunk still held, by the least it said
+                shift = min(said for _, said in self._late)
+                first, at = next((o, p) for o, _ in self._late if (p := self.reference.placed(o)) is not None)
+                self._move(first, at + shift)
+
+    def _move(self, offset: int, at: int) -> None:
+        self.reference.mark(offset, at)
+        self._late.clear()
 
     def cleared(self, now: float) -> None:
         """A barge-in at `now`: what had not played is dropped, where the far end drops it."""
         self._marks.clear()
+        self._late.clear()
         if self.clears:
             self.reference.clear(self.position(now))

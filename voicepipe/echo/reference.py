@@ -70,17 +70,17 @@ class FarEndReference:
         self._segments = kept
         return dropped
 
-    def mark(self, offset: int, at: int, tolerance: int = 0) -> bool:
+    def mark(self, offset: int, at: int) -> bool:
         """The provider says sent sample `offset` played at input position `at`: that sample and everything
         after it move there (a later playout than the pacing guessed leaves a gap of silence; an earlier one
-        cuts the tail of what came before, which cannot still be playing), unless it already sits within
-        `tolerance` samples of `at`. False when `offset` is not held (cleared, forgotten, or not sent yet)."""
-        index = next((i for i, s in enumerate(self._segments) if s.offset <= offset < s.offset + len(s.audio)), None)
+        cuts the tail of what came before, which cannot still be playing). False when `offset` is not held
+        (cleared, forgotten, or not sent yet)."""
+        index = self._holding(offset)
         if index is None:
             return False
         seg = self._segments[index]
         split = offset - seg.offset
-        if abs(seg.at + split - at) <= tolerance:
+        if seg.at + split == at:
             return True
         if split:
             head = _Segment(seg.at, seg.offset, seg.audio[:split], seg.origin)
@@ -98,6 +98,18 @@ class FarEndReference:
         for before, after in zip(self._segments, self._segments[1:], strict=False):  # the stretches anew
             after.origin = before.origin if before.end == after.at else after.at
         return True
+
+    def placed(self, offset: int) -> int | None:
+        """The input position where sent sample `offset` plays (None: cleared, forgotten, or not sent yet)."""
+        index = self._holding(offset)
+        if index is None:
+            return None
+        seg = self._segments[index]
+        return seg.at + offset - seg.offset
+
+    def _holding(self, offset: int) -> int | None:
+        """The index of the segment that holds sent sample `offset`."""
+        return next((i for i, s in enumerate(self._segments) if s.offset <= offset < s.offset + len(s.audio)), None)
 
     def stretch_start(self, position: int) -> int | None:
         """Where the stretch of audio playing at input `position` began (None: nothing plays there). A stretch is a
