@@ -202,9 +202,9 @@ def test_a_mark_that_comes_before_the_reference_has_its_chunk_end_moves_it_back_
     ref.received = 1600
     for n in range(10):
         played.sent(np.full(FRAME, 1000, np.int16), now=0.0, lead_s=0.0, mark=f"m{n}")  # placed from 1600 on
-    ref.received = 1600 + 5 * FRAME - 1000  # m4's chunk had played 1000 samples (62 ms) before it was placed to end
+    ref.received = 1600 + 5 * FRAME - 1700  # m4's chunk had played 1700 samples (106 ms) before it was placed to end
     played.played("m4", now=0.0)
-    start = 1600 + 4 * FRAME - 1000  # m4's chunk and the rest play from here
+    start = 1600 + 4 * FRAME - 1700  # m4's chunk and the rest play from here
     assert np.abs(ref.window(start, 6 * FRAME)).min() > 0 and not sounding(ref, start + 6 * FRAME, 2000)
 
 

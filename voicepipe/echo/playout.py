@@ -20,14 +20,14 @@ from voicepipe.audio import StreamResampler
 from voicepipe.audio.l16 import int16_to_float32
 from voicepipe.echo.reference import FarEndReference
 
-# A mark says its chunk had played by the time it came, so one that comes before the reference has the chunk end
-# proves the placement late: the chunk moves back to end there (a disagreement within EARLY_MARK_MS is the pace's
-# own unevenness). A late mark proves nothing alone: it comes back as late as the far end's loop and then the
-# server's send it, and under load (bench echo, three calls at once) single marks came 100-290 ms late; moving the
-# reference by each put the rest of a reply that far off its echo until a mark moved it back, and holds followed.
-# So the reference moves later only when MARKS_AGREE marks in a row say it is over MARK_TOLERANCE_MS late (a far end
-# that buffers, a drifting clock), by the least of them; the delay estimate follows smaller changes.
-EARLY_MARK_MS = 40.0
+# A mark says its chunk had played by the time it came, so one that comes over MARK_TOLERANCE_MS before the reference
+# has the chunk end proves the placement late: the chunk moves back to end there. A late mark proves nothing alone:
+# it comes back as late as the far end's loop and then the server's let it, and under load (bench echo, three calls
+# at once) single marks came 100-290 ms late; moving the reference by each put the rest of a reply that far off its
+# echo until a mark moved it back, and holds followed. So the reference moves later only when MARKS_AGREE marks in
+# a row say it is over MARK_TOLERANCE_MS late (a far end that buffers, a drifting clock), by the least of them.
+# Smaller disagreements are left to the delay estimate: WebRTC's marks say when the server's track sent a frame, and
+# the far end's jitter buffer plays it later by as much as its load makes it.
 MARK_TOLERANCE_MS = 100.0
 MARKS_AGREE = 10
 MARKS_KEPT = 1000  # unacknowledged marks remembered (20 s of 20 ms chunks): a provider that never echoes them
@@ -42,7 +42,6 @@ class PlayedAudio:
         self.clears = clears  # False: the far end cannot drop audio already sent (AudioSocket), it still plays
         self._resampler = StreamResampler(send_rate, reference.rate) if send_rate != reference.rate else None
         self._tolerance = int(reference.rate * MARK_TOLERANCE_MS / 1000)
-        self._early = int(reference.rate * EARLY_MARK_MS / 1000)
         self._late: list[tuple[int, int]] = []  # the last marks in a row over tolerance: (chunk offset, how late)
         self._marks: OrderedDict[str, tuple[int, int]] = OrderedDict()  # mark -> its chunk's offsets in the reference
         self._arrivals: deque[float] = deque(maxlen=PACE_ARRIVALS)  # when input position 0 was due, by each arrival
@@ -82,7 +81,7 @@ class PlayedAudio:
         if placed is None:
             return
         late = self.position(now) - (placed + end - start)  # input samples the mark came after the chunk ended
-        if late < -self._early:
+        if late < -self._tolerance:
             self._move(start, placed + late)
         elif late <= self._tolerance:
             self._late.clear()
