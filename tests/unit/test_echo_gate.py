@@ -151,6 +151,20 @@ def test_a_run_of_the_agents_words_is_taken_out_of_the_callers_and_two_words_sta
     assert without_echo("no Friday is wrong", agent) == "no Friday is wrong"  # two words: the caller's too
 
 
+def test_the_lines_noise_against_a_replys_faint_first_sound_does_not_open_the_gate_for_the_echo_behind_it(far) -> None:
+    pause = np.zeros(RATE // 2, np.float32)
+    lead_in = 0.005 * np.sin(2 * np.pi * 300 * np.arange(int(0.08 * RATE)) / RATE).astype(np.float32)  # -55 dBFS
+    replies = [spoken(text, RATE) for text in AGENT]
+    agent = mulaw(0.5 * np.concatenate([np.concatenate([lead_in, reply, pause]) for reply in replies]))
+    _, out = gated(agent, np.zeros_like(agent), 150, -30)
+    passed, start = [], 0
+    for reply in replies:  # the echo of each reply's first 300 ms of words, after its lead-in
+        first = (start + len(lead_in)) // FRAME + int(0.15 * RATE) // FRAME
+        passed.append(int((frame_power(out[first:first + int(0.3 * RATE) // FRAME]) > 0).sum()))
+        start += len(lead_in) + len(reply) + len(pause)
+    assert passed == [0, 0, 0]  # the line's noise passed the faint lead-in, and opened the gate for 7-8 frames
+
+
 def test_the_gate_looks_for_the_echo_over_every_delay_its_last_readings_put_it_at(far) -> None:
     reference = FarEndReference(RATE, capacity_s=30.0)
     reference.append(far, at=0)
