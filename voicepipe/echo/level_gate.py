@@ -63,9 +63,9 @@ HISTORY_S = 2.0  # the coupling of the last 2 s of frames with the agent soundin
 LEAD_MS = 60.0
 TAIL_MS = 120.0  # and its room tail this long after it
 BLOCK_MS = 10.0  # the reference's loudness is read in blocks of this length
-# Once two blocks in a row pass (one alone is as likely a loud frame of residual echo), the second louder too than
-# the echo that can come meanwhile (`_over_echo_to_come`), the caller's audio passes whole for this long after the
-# last one that did: their speech's softer sounds under the agent reach the STT too.
+# Once two blocks in a row pass (one alone is as likely a loud frame of residual echo), at the agent's first sound
+# the second louder too than the echo that can come meanwhile (`_over_echo_to_come`), the caller's audio passes
+# whole for this long after the last one that did: their speech's softer sounds under the agent reach the STT too.
 HANGOVER_MS = 200.0
 # Once the agent has talked this long without a pause of PAUSE_MS, the canceller has caught up with this stretch of
 # its audio and what it leaves sets the bar (`_settled`): a caller over loud echo passes by what it takes out.
@@ -149,7 +149,9 @@ class EchoLevelGate:
         threshold = self._threshold_now(settled)
         level_db = _level_db(block, far)
         loud = level_db >= threshold
-        if loud and self._passed_last and self._over_echo_to_come(block, far, position, delays, threshold):
+        onset = position - self._sounding_since < self._hangover  # the agent's first sound after a pause
+        if loud and self._passed_last and (not onset or self._over_echo_to_come(block, far, position, delays,
+                                                                                threshold)):
             self._open_until = position + len(block) + self._hangover
         self._passed_last = loud
         if self._first_sound is None:
@@ -166,9 +168,11 @@ class EchoLevelGate:
 
     def _over_echo_to_come(self, block: np.ndarray, far: float, position: int, delays: tuple[int, int] | None,
                            threshold: float) -> bool:
-        """Whether `block` is also louder than the echo that can come while the hangover it opens lasts. At a
-        reply's first faint sound the line's noise stands loud against it, and the hangover it opened let the loud
-        echo behind it through whole (bench echo, three calls at once: 6 of 10 self-interruptions)."""
+        """Whether `block` is also louder than the echo that can come while the hangover it opens lasts: asked at
+        the agent's first sound after a pause. At a reply's first faint sound the line's noise stands loud against
+        it, and the hangover it opened let the loud echo behind it through whole (bench echo, three calls at once:
+        6 of 10 self-interruptions). Asked mid-reply too, it kept a caller talking over loud echo from opening it:
+        the agent's loudest audio over 200 ms more stands a few dB over the window's."""
         ahead = self._far_level(position, len(block) + self._hangover, delays)
         return _level_db(block, max(far, ahead or 0.0)) >= threshold
 
