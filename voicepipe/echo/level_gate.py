@@ -171,8 +171,9 @@ class EchoLevelGate:
         """Whether `block` is also louder than the echo that can come while the hangover it opens lasts: asked at
         the agent's first sound after a pause. At a reply's first faint sound the line's noise stands loud against
         it, and the hangover it opened let the loud echo behind it through whole (bench echo, three calls at once:
-        6 of 10 self-interruptions). Asked mid-reply too, it kept a caller talking over loud echo from opening it:
-        the agent's loudest audio over 200 ms more stands a few dB over the window's."""
+        6 of 10 self-interruptions). Asked mid-reply too, a caller talking over loud echo had to beat the agent's
+        loudest audio over 200 ms more as well, and a grid that asked it everywhere stopped 3 of 24 barge-ins at
+        -6 dB (docs/benchmarks.md, "Under load")."""
         ahead = self._far_level(position, len(block) + self._hangover, delays)
         return _level_db(block, max(far, ahead or 0.0)) >= threshold
 
