@@ -13,11 +13,13 @@ import numpy as np
 
 from voicepipe.caller.echo import SpeakerEcho
 from voicepipe.caller.pacing import Pacer
-from voicepipe.caller.playout import Playout
+from voicepipe.caller.playout import JITTER_TARGET_S, Playout
 from voicepipe.caller.report import CallResult, ClientTurn
 from voicepipe.transports.serializers import CallerSerializer
 
 log = logging.getLogger(__name__)
+
+RTP_LINKS = ("webrtc", "sip")  # links whose far end plays through an adaptive jitter buffer
 
 
 class Line:
@@ -27,7 +29,7 @@ class Line:
         self.wire = wire
         self.result = result
         self.pacer = Pacer(wire.rate)
-        self.playout = Playout(wire.rate)
+        self.playout = Playout(wire.rate, JITTER_TARGET_S if wire.link in RTP_LINKS else None)
         self.current: ClientTurn | None = None  # the turn whose reply is expected (None: the greeting)
         self.closed = asyncio.Event()
         self._send_lock = asyncio.Lock()
@@ -89,9 +91,10 @@ class Line:
     async def _on(self, kind: str, value: Any) -> None:
         now = time.monotonic()
         if kind == "audio":
+            start, played = self.playout.play(value, now)
             if self.echo is not None:
-                self.echo.played(value, max(self.playout.play_end, now))
-            self.result.note_audio(now, self.playout.play(value, now), self.current)
+                self.echo.played(played, start)
+            self.result.note_audio(now, len(played) / self.wire.rate, self.current)
         elif kind == "mark":
             self.playout.mark(value)
             self._ack_due_marks()

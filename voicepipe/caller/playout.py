@@ -1,6 +1,13 @@
 """The local playout clock: the agent's audio plays on the caller's clock as a phone would play it, each piece
 after the one before. A mark is due once the audio received before it has played; a clear drops what has not
-played yet, and every pending mark is due at once (the providers answer a clear so). What played is recorded."""
+played yet, and every pending mark is due at once (the providers answer a clear so). What played is recorded.
+
+An RTP phone (a browser, a SIP phone) plays through an adaptive jitter buffer: audio that arrives late plays late
+(the buffer ran dry), and the burst that follows drains back to the buffer's target level by playing faster
+(WebRTC's NetEq "accelerates": it cuts pitch periods out of the speech). Without it, every late burst would add
+its lateness to all of the reply that follows, for good; with it, a stall only delays the audio for a while.
+`drain_above_s` models that: while more than it is queued, each arriving frame plays `ACCELERATE` shorter.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +16,28 @@ import numpy as np
 from voicepipe.audio import resample
 
 RECORD_RATE = 16000
+JITTER_TARGET_S = 0.04  # an RTP phone's jitter buffer level: two 20 ms packets
+ACCELERATE = 0.25  # the share of a frame that a draining jitter buffer leaves out
 
 
 class Playout:
-    def __init__(self, rate: int) -> None:
+    def __init__(self, rate: int, drain_above_s: float | None = None) -> None:
         self.rate = rate
+        self.drain_above_s = drain_above_s  # an adaptive jitter buffer's level (None: play everything received)
         self.play_end = 0.0  # client clock: when the audio received so far has played
         self.last_audio = 0.0  # client clock: when agent audio last arrived (0: never)
         self._marks: list[tuple[float, str]] = []  # (due, name)
         self._recorded: list[np.ndarray] = []  # at RECORD_RATE
 
-    def play(self, audio: np.ndarray, now: float) -> float:
-        """Play `audio` (at `rate`) after what is playing; returns its length in seconds."""
-        seconds = len(audio) / self.rate
-        self.play_end = max(self.play_end, now) + seconds
+    def play(self, audio: np.ndarray, now: float) -> tuple[float, np.ndarray]:
+        """Play `audio` (at `rate`) after what is playing; returns when it starts and what of it plays."""
+        start = max(self.play_end, now)
+        if self.drain_above_s is not None and start - now > self.drain_above_s:
+            audio = audio[: len(audio) - int(len(audio) * ACCELERATE)]
+        self.play_end = start + len(audio) / self.rate
         self.last_audio = now
         self._recorded.append(resample(audio, self.rate, RECORD_RATE) if self.rate != RECORD_RATE else audio)
-        return seconds
+        return start, audio
 
     def mark(self, name: str) -> None:
         self._marks.append((self.play_end, name))
