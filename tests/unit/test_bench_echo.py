@@ -4,6 +4,8 @@ loudspeaker's clock skew and the phone line)."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -211,3 +213,17 @@ def test_the_line_clips_and_codes_to_mu_law_and_without_echo_carries_the_voice_a
     clean = speakerphone(SpeakerEcho(RATE, 20, None, tail=True, line=True), agent, 1.0, voice)
     residue = np.sqrt(np.mean((clean - voice) ** 2) / np.mean(voice.astype(float) ** 2))
     assert residue < 0.03  # mu-law's own noise (about -38 dB), no agent (-6 dB)
+
+
+def test_a_calls_speakerphone_and_its_result_cross_the_caller_process_boundary_whole() -> None:
+    """`bench echo` sends each call's `SpeakerEcho` to a caller worker process and gets its `CallResult` back, both
+    pickled: the echo must be the same room and line there, and the result keep what the figures read."""
+    agent = (5000 * np.random.default_rng(2).standard_normal(RATE)).astype(np.int16)
+    echo = SpeakerEcho(RATE, 150, -10, tail=True, skew=0.001, line=True, seed=7)
+    there = pickle.loads(pickle.dumps(echo))
+    assert np.array_equal(speakerphone(there, agent, 1.5), speakerphone(echo, agent, 1.5))
+    result = CallResult("webrtc", "c", turns=[ClientTurn(0, speech_start=1.0, speech_end=2.5, first_audio=3.1)],
+                        agent_audio=agent, clears=[4.2], record={"turns": [{"user_text": "hello"}]}, started=0.5)
+    back = pickle.loads(pickle.dumps(result))
+    assert back.turns == result.turns and back.clears == [4.2] and back.record == result.record
+    assert np.array_equal(back.agent_audio, agent) and back.turns[0].voice_to_voice_ms == pytest.approx(600)

@@ -11,17 +11,25 @@ same script over the same microphone and line with no echo, once per delay and t
 calls so that both see the same load. The server is started here, with echo cancelling on for every transport of
 the grid (off with `cancel=False`), short replies and an AudioSocket listener; calls run `at_once` at a time.
 
+The callers run in worker processes of their own (`caller_processes`): their codecs and echo would otherwise share
+the server's interpreter, and six aiortc peers in one process fall seconds behind real time, so that the WebRTC
+cells measured the bench, not the server (docs/benchmarks.md, "WebRTC in the echo grid").
+
 The figures are `echo_metrics`'s, from the caller's clock and the server's call events, which an observer of the
-in-process server (`CallEvents`) collects.
+in-process server (`CallEvents`) collects. Both read `time.monotonic()`, one clock for every process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
+import multiprocessing
+import os
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +37,8 @@ from typing import Any
 from voicepipe.audio.l16 import float32_to_int16
 from voicepipe.bench.echo_metrics import CallFacts, call_facts, call_figures, call_timeline, group_figures, headline
 from voicepipe.bench.soak import call_url
-from voicepipe.caller import Utterance, run_call, utterance
-from voicepipe.caller.call import line_rate
+from voicepipe.caller import Utterance, utterance
+from voicepipe.caller.call import line_rate, run_call_in_process
 from voicepipe.caller.echo import SpeakerEcho
 from voicepipe.echo.simulate import spoken
 from voicepipe.server import serve_in_thread
@@ -141,28 +149,35 @@ def bench_settings(settings, directory: Path, transports: list[str], cancel: boo
     return out
 
 
+def caller_processes(at_once: int) -> ProcessPoolExecutor:
+    """A worker process per call in flight. Spawned, not forked: the server's threads are running here."""
+    return ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn"))
+
+
 async def one_call(plan: PlannedCall, base: str, app, texts: list[str], utterances: list[Utterance],
-                   events: CallEvents) -> CallFacts:
+                   events: CallEvents, callers: Executor) -> CallFacts:
     rate = line_rate(plan.transport)
     echo = SpeakerEcho(rate, plan.delay_ms, plan.level_db, tail=True, skew=SKEW, line=True, seed=plan.index)
     said = utterances[:plan.barge_ins + 1]
-    result = await run_call(call_url(base, app, plan.transport), plan.transport, said, call_id=f"echo-{plan.index}",
-                            record_url=base, quiet_s=0.6, greeting_wait_s=30.0, reply_timeout_s=60.0,
-                            barge_in_after_ms=BARGE_IN_AFTER_MS, echo=echo)
+    call = functools.partial(run_call_in_process, call_url(base, app, plan.transport), plan.transport, said,
+                             call_id=f"echo-{plan.index}", record_url=base, quiet_s=0.6, greeting_wait_s=30.0,
+                             reply_timeout_s=60.0, barge_in_after_ms=BARGE_IN_AFTER_MS, echo=echo)
+    result = await asyncio.get_running_loop().run_in_executor(callers, call)
     return call_facts(result, texts[:len(said)], plan.level_db, events.started.get(result.call_id),
                       events.events.get(result.call_id, []))
 
 
 async def run_grid(plans: list[PlannedCall], base: str, app, texts: list[str], utterances: list[Utterance],
                    events: CallEvents, at_once: int, progress: Callable[[str], None]) -> list[Any]:
-    """Every planned call, `at_once` at a time: their `CallFacts`, or the exception a call failed with."""
+    """Every planned call, `at_once` at a time, each in a worker process: their `CallFacts`, or the exception a call
+    failed with."""
     gate = asyncio.Semaphore(at_once)
     started, done = time.monotonic(), []
 
     async def run(plan: PlannedCall) -> CallFacts:
         try:
             async with gate:
-                facts = await one_call(plan, base, app, texts, utterances, events)
+                facts = await one_call(plan, base, app, texts, utterances, events, callers)
         except Exception as exc:
             done.append(plan)
             progress(f"[{len(done)}/{len(plans)}] {plan.cell}: the call failed: {type(exc).__name__}: {exc}")
@@ -175,7 +190,18 @@ async def run_grid(plans: list[PlannedCall], base: str, app, texts: list[str], u
                  f"{sum(over)} of those stopped it in 500 ms; {(time.monotonic() - started) / 60:.1f} min in")
         return facts
 
-    return await asyncio.gather(*(run(p) for p in plans), return_exceptions=True)
+    with caller_processes(at_once) as callers:
+        return await asyncio.gather(*(run(p) for p in plans), return_exceptions=True)
+
+
+def grid_cpu(before: os.times_result, after: os.times_result) -> dict[str, float]:
+    """The CPU the grid's calls took, as cores busy on average: the server's process (this one), and the callers'
+    worker processes (counted once they have exited)."""
+    wall = after.elapsed - before.elapsed
+    server = after.user + after.system - before.user - before.system
+    callers = after.children_user + after.children_system - before.children_user - before.children_system
+    return {"seconds": round(wall, 1), "server_cores": round(server / wall, 2),
+            "caller_cores": round(callers / wall, 2)}
 
 
 def run_echo_bench(settings, delays: list[int], levels: list[int], transports: list[str], barge_ins: int = BARGE_INS,
@@ -195,7 +221,10 @@ def run_echo_bench(settings, delays: list[int], levels: list[int], transports: l
         progress("starting an in-process server (models load first)")
         with serve_in_thread(bench_settings(settings, Path(tmp), transports, cancel)) as (base, app):
             app.state.observers.add(events)
+            before = os.times()
             outcomes = asyncio.run(run_grid(plans, base, app, texts, utterances, events, at_once, progress))
+            cpu = grid_cpu(before, os.times())
+    progress(f"the grid's CPU: {cpu['server_cores']} cores for the server, {cpu['caller_cores']} for the callers")
     facts = [o for o in outcomes if isinstance(o, CallFacts)]
     failed = [{"call": p.cell, "error": f"{type(o).__name__}: {o}"[:200]}
               for p, o in zip(plans, outcomes, strict=True) if not isinstance(o, CallFacts)]
@@ -209,7 +238,7 @@ def run_echo_bench(settings, delays: list[int], levels: list[int], transports: l
                  "calls": len(plans), "barge_ins_per_call": plans[0].barge_ins, "barge_ins_per_echo_level": per_level,
                  "barge_in_after_ms": BARGE_IN_AFTER_MS, "clock_skew": SKEW, "echo_cancelling": cancel,
                  "calls_at_once": at_once, "script": texts, "max_reply_tokens": SERVER["max_reply_tokens"]},
-        "seconds": round(time.monotonic() - started, 1), "expected_seconds": round(expected),
+        "seconds": round(time.monotonic() - started, 1), "expected_seconds": round(expected), "cpu": cpu,
         "failed_calls": failed,
         "cells": {name: group_figures(calls) for name, calls in cells.items()},
         "calls": [{"cell": p.cell, "call_id": o.call_id, **call_timeline(o)}

@@ -63,6 +63,11 @@ async def run_call(
                        sync_with_server=sync_with_server, echo=echo)
 
 
+def run_call_in_process(url: str, transport: str, utterances: list[Utterance], **options: Any) -> CallResult:
+    """`run_call` on a loop of its own, for a worker process (see `bench/echo.py`'s `caller_processes`)."""
+    return asyncio.run(run_call(url, transport, utterances, **options))
+
+
 async def play_call(
     url: str,
     transport: str,
