@@ -14,6 +14,7 @@ import pytest
 
 from tests.pipeline_fakes import FakeDetector, fake_call_resources
 from voicepipe.audio import StreamResampler
+from voicepipe.audio.l16 import float32_to_int16
 from voicepipe.config import TRANSPORTS, Settings
 from voicepipe.echo.path import EchoPath
 from voicepipe.echo.playout import PlayedAudio
@@ -21,7 +22,7 @@ from voicepipe.echo.reference import FarEndReference
 from voicepipe.echo.simulate import echo_of, microphone, spoken
 from voicepipe.observability.records import ECHO_METADATA
 from voicepipe.pipeline import CallRegistry, CallSession
-from voicepipe.pipeline.call_echo import CallEcho, wants_echo_cancelling
+from voicepipe.pipeline.call_echo import CallEcho, open_call_echo, wants_echo_cancelling
 from voicepipe.transports.connection import Connection
 from voicepipe.transports.serializers import make_caller_serializer, make_serializer
 
@@ -306,6 +307,35 @@ def test_the_text_gate_counts_what_it_took_out_of_the_callers_words_and_keeps_ea
     assert figures["gated_speech"] == [
         {"t": 1.2, "turn": 2, "text": "your books are due back", "kept": ""},
         {"t": 2.5, "turn": 2, "text": "yes on the fourteenth of next month I know", "kept": "yes i know"}]
+
+
+class KeepsReference:
+    """A transport's output that keeps what it played (`Connection.far_end_reference`)."""
+
+    reference: FarEndReference | None = None
+
+    def far_end_reference(self, rate: int) -> FarEndReference:
+        self.reference = FarEndReference(rate)
+        return self.reference
+
+
+@pytest.mark.parametrize(("transport", "found"), [("webrtc", True), ("sip", True), ("twilio", False)])
+def test_over_an_rtp_link_an_echo_behind_the_far_ends_jitter_buffer_is_searched_for_and_found(transport, found) -> None:
+    """150 ms of echo path behind 500 ms of a far end's buffering: 650 ms after the server sent the audio, beyond
+    `echo.max_delay_ms` (500). An RTP link's far end plays through a jitter buffer the server does not see; a
+    phone line's media stream reports when its audio played."""
+    output = KeepsReference()
+    echo = open_call_echo(echo_settings(**{transport: True}), transport, {}, output, RATE, "c")
+    agent = 0.5 * spoken("Thank you for calling, how can I help you today? I can book a table for you.", RATE)
+    output.reference.append(agent, at=0)
+    mic = microphone(echo_of(agent, RATE, 650, -10), np.zeros(len(agent), np.float32))
+    for start in range(0, len(mic) - FRAME, FRAME):
+        echo.process(float32_to_int16(mic[start:start + FRAME]))
+    delay = echo.path.delay.delay
+    if found:
+        assert delay is not None and abs(delay * 1000 / RATE - 650) <= 2, delay
+    else:
+        assert delay is None
 
 
 def test_without_an_echo_found_the_callers_audio_passes_at_once_whatever_its_chunks() -> None:

@@ -19,6 +19,12 @@ from voicepipe.turns.backchannel import INTERRUPTIONS, is_backchannel, normalise
 log = logging.getLogger(__name__)
 
 GATED_KEPT = 100
+# An RTP link's far end plays the agent's audio through a jitter buffer and a decoder the server does not see, so
+# later than the server's track sends it (what the marks report): a browser's buffer holds 40-200 ms, and over
+# `bench echo`'s simulated browser (aiortc's receiver and a 40 ms playout target) echo paths of 20 and 150 ms read
+# 208 and 350 ms, and one of 400 ms lay beyond the 500 ms searched and was never found. Over these links the delays
+# searched (`echo.max_delay_ms`) go this much further.
+FAR_END_BUFFER_MS = {"webrtc": 300, "sip": 300}
 
 _SAID = {True: True, False: False, "true": True, "false": False, "on": True, "off": False, "1": True, "0": False}
 
@@ -121,7 +127,8 @@ def open_call_echo(settings: Settings, transport: str, params: dict[str, Any], o
         log.error("call %s: no echo cancelling: %s", call_id, exc)
         return None
     cfg = settings.echo
-    return CallEcho(EchoPath(keep(rate), cfg.filter_ms, cfg.min_delay_ms, cfg.max_delay_ms), cfg.max_delay_ms)
+    max_delay_ms = cfg.max_delay_ms + FAR_END_BUFFER_MS.get(transport, 0)
+    return CallEcho(EchoPath(keep(rate), cfg.filter_ms, cfg.min_delay_ms, max_delay_ms), max_delay_ms)
 
 
 def keep_echo_figures(metadata: dict[str, Any], echo: CallEcho | None) -> None:
