@@ -13,7 +13,8 @@ the grid (off with `cancel=False`), short replies and an AudioSocket listener; c
 
 The callers run in worker processes of their own (`caller_processes`): their codecs and echo would otherwise share
 the server's interpreter, and six aiortc peers in one process fall seconds behind real time, so that the WebRTC
-cells measured the bench, not the server (docs/benchmarks.md, "WebRTC in the echo grid").
+cells measured the bench, not the server (docs/benchmarks.md, "WebRTC in the echo grid"). A script that calls
+`run_echo_bench` needs an `if __name__ == "__main__":` guard: each spawned worker imports the script's main module.
 
 The figures are `echo_metrics`'s, from the caller's clock and the server's call events, which an observer of the
 in-process server (`CallEvents`) collects. Both read `time.monotonic()`, one clock for every process.
