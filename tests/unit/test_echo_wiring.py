@@ -309,22 +309,12 @@ def test_the_text_gate_counts_what_it_took_out_of_the_callers_words_and_keeps_ea
         {"t": 2.5, "turn": 2, "text": "yes on the fourteenth of next month I know", "kept": "yes i know"}]
 
 
-class KeepsReference:
-    """A transport's output that keeps what it played (`Connection.far_end_reference`)."""
-
-    reference: FarEndReference | None = None
-
-    def far_end_reference(self, rate: int) -> FarEndReference:
-        self.reference = FarEndReference(rate)
-        return self.reference
-
-
 @pytest.mark.parametrize(("transport", "found"), [("webrtc", True), ("sip", True), ("twilio", False)])
 def test_over_an_rtp_link_an_echo_behind_the_far_ends_jitter_buffer_is_searched_for_and_found(transport, found) -> None:
     """150 ms of echo path behind 500 ms of a far end's buffering: 650 ms after the server sent the audio, beyond
     `echo.max_delay_ms` (500). An RTP link's far end plays through a jitter buffer the server does not see; a
     phone line's media stream reports when its audio played."""
-    output = KeepsReference()
+    output = PlayedOutput()
     echo = open_call_echo(echo_settings(**{transport: True}), transport, {}, output, RATE, "c")
     agent = 0.5 * spoken("Thank you for calling, how can I help you today? I can book a table for you.", RATE)
     output.reference.append(agent, at=0)
