@@ -294,6 +294,36 @@ def test_the_callers_audio_reaches_the_vad_cleaned_of_the_echo_only_when_the_cal
     assert abs(figures["clock_skew_ppm"]) < 50, figures  # one clock at both ends: nothing to follow (echo/skew.py)
 
 
+def test_a_live_calls_record_holds_its_echo_figures_as_they_stand_and_never_the_callers_value() -> None:
+    far = spoken("The agent reads out a long answer about the opening hours of the library and its branches, "
+                 "and then the list of books that are due back next week.", RATE)[: 8 * RATE]
+    caller = float32_to_int16(microphone(echo_of(far, RATE, delay_ms=150, level_db=-10), np.zeros_like(far)))
+    half = len(caller) // 2 // FRAME * FRAME
+
+    async def main():
+        output = PlayedOutput()
+        call, detector = call_with(echo_settings(twilio=True), {ECHO_METADATA: {"gated_words": 10**9}}, output)
+        at_start = dict(call.record.metadata[ECHO_METADATA])
+        calls = CallRegistry()  # what GET /calls/{id} reads
+        calls.add(call)
+        call._make_detector = lambda: detector
+        await call.start()
+        output.reference.append(far, at=0)
+        live = []
+        for part in (caller[:half], caller[half:]):
+            for i in range(0, len(part), FRAME):
+                call.push_audio(part[i:i + FRAME])
+            live.append(dict(calls.get(call.call_id).metadata[ECHO_METADATA]))
+        await call.close()
+        return at_start, live
+
+    at_start, (first, second) = asyncio.run(main())
+    assert at_start["gated_words"] == 0 and at_start["delay_ms"] is None  # the call's own figures, from the start
+    assert abs(first["delay_ms"] - 150) <= 2, first  # read while the call is live, not only once it ends
+    assert 0 < first["gated_audio_s"] < second["gated_audio_s"], (first, second)
+    assert first["audio_s"] == pytest.approx(half / RATE, abs=0.05) and second["audio_s"] > first["audio_s"]
+
+
 def test_the_text_gate_counts_what_it_took_out_of_the_callers_words_and_keeps_each_for_the_record() -> None:
     echo = CallEcho(EchoPath(FarEndReference(RATE)), max_delay_ms=500)
     said = "Your books are due back on the fourteenth of next month."

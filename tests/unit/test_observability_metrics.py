@@ -266,3 +266,23 @@ def test_a_calls_echo_gate_moves_the_gated_counters_and_its_erl_is_observed_when
     assert s.value("voicepipe_echo_erl_db_count", transport="twilio") == 1  # the call that found no echo: none
     assert s.value("voicepipe_echo_erl_db_sum", transport="twilio") == pytest.approx(11.2)
     assert s.samples("voicepipe_echo_gated_words_total", transport="vonage") == []  # no echo cancelling: no series
+
+
+def test_the_gated_counters_count_a_live_calls_echo_figures_as_its_record_holds_them_and_never_fall() -> None:
+    metrics = Metrics()
+    figures = {"delay_ms": 150.0, "erle_db": 18.5, "erl_db": 11.2, "gated_audio_s": 1.5, "gated_segments": 1,
+               "gated_words": 3, "gated_speech": []}
+    live = CallRecord("a", "twilio", metadata={ECHO_METADATA: figures})
+    metrics.call_started(live)
+    metrics.call_started(CallRecord("b", "twilio", metadata={ECHO_METADATA: "a caller's value"}))
+    assert scrape(metrics).value("voicepipe_echo_gated_audio_seconds_total", transport="twilio") == 1.5
+    live.metadata[ECHO_METADATA] = {**figures, "gated_audio_s": 2.0, "gated_words": 5}  # the session, a turn later
+    s = scrape(metrics)
+    assert s.value("voicepipe_echo_gated_audio_seconds_total", transport="twilio") == 2.0
+    assert s.value("voicepipe_echo_gated_words_total", transport="twilio") == 5
+    live.metadata[ECHO_METADATA] = {**figures, "gated_audio_s": 2.25, "gated_words": 5}  # as it ended
+    metrics.call_ended(live)
+    s = scrape(metrics)
+    assert s.value("voicepipe_echo_gated_audio_seconds_total", transport="twilio") == 2.25  # counted once
+    assert s.value("voicepipe_echo_gated_segments_total", transport="twilio") == 1
+    assert s.value("voicepipe_echo_delay_seconds_count", transport="twilio") == 1  # the histograms: at the end

@@ -192,6 +192,17 @@ def test_call_ended_stores_turns_that_were_never_reported_and_a_reused_id_starts
     store.close()
 
 
+def test_each_turn_of_a_live_call_stores_its_metadata_as_it_stands(db: Path) -> None:
+    store = CallStore(db)
+    call = make_call("c-1", v2v=[400.0, 500.0], metadata={"from": "+15550100", "echo_canceller": {"gated_words": 0}})
+    store.call_started(call)
+    call.metadata["echo_canceller"] = {"gated_words": 4}  # the session refreshes the call's echo figures each turn
+    store.turn_finished(call, call.turns[0])
+    live = store.get_call("c-1")
+    assert live["ended"] is None and live["metadata"] == {"from": "+15550100", "echo_canceller": {"gated_words": 4}}
+    store.close()
+
+
 def test_retention_deletes_old_calls_and_their_turns_at_open(db: Path) -> None:
     now = time.time()
     store = CallStore(db, retention_days=30)

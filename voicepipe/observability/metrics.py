@@ -7,7 +7,7 @@ process do not collide. Four sources feed it:
   delay, DTMF response, the end-of-turn wait, reopened turns, tool call latency, turn errors; `event` "barge_in"
   (the greeting's too);
   `call_started`/`call_ended`: active calls, calls by outcome, call errors, and from the call's echo figures the
-  echo delay, ERLE and ERL and what the echo gate gated);
+  echo delay, ERLE and ERL; what the echo gate gated counts the live calls too, as of their last turn);
 - the LLM engine, as a request listener (`request_finished`: TTFT, ITL and queue time of every request, calls'
   and API requests' alike, so each request is counted once);
 - the app's event loop, through `loop_lag.watch_loop_lag` (`loop_lag`: how late the loop runs, no labels);
@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from voicepipe.observability.loop_lag import INTERVAL_S
-from voicepipe.observability.metrics_live import LiveCollector, LostCallsCollector
+from voicepipe.observability.metrics_live import ECHO_GATED, EchoGatedCollector, LiveCollector, LostCallsCollector
 from voicepipe.observability.records import ECHO_METADATA
 
 if TYPE_CHECKING:
@@ -111,7 +111,8 @@ class Metrics:
         # (cancelled by the hang-up) keeps the label. Entries go with the sessions.
         self._session_transports: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self.active_calls: dict[str, str] = {}  # call id -> transport
+        self.active_calls: dict[str, CallRecord] = {}  # call id -> its record, as the session keeps it
+        self._echo_gated_ended: Tally[tuple[str, str]] = Tally()  # (figure, transport) -> the ended calls' sum
         self.errors: Tally[str] = Tally()  # kind -> count, for the kinds the calls report (the engine's: live)
         labels = ["tier", "transport"]
         self.turn_latency = {key: Histogram(name, doc, labels, buckets=SPEECH_BUCKETS, registry=self.registry)
@@ -148,18 +149,11 @@ class Metrics:
         self.echo_erl = Histogram("voicepipe_echo_erl_db", "How much quieter a call's echo came back than the agent's "
                                   "audio, before the canceller (echo return loss, dB; calls that found an echo).",
                                   ["transport"], buckets=ECHO_DB_BUCKETS, registry=self.registry)
-        self.echo_gated_audio = Counter("voicepipe_echo_gated_audio_seconds", "Caller audio the echo gate silenced "
-                                        "as echo (its level gate), in calls that cancel echo.", ["transport"],
-                                        registry=self.registry)
-        self.echo_gated_segments = Counter("voicepipe_echo_gated_segments", "Caller speech whose words the echo "
-                                           "gate took for the agent's own alone (its text gate).", ["transport"],
-                                           registry=self.registry)
-        self.echo_gated_words = Counter("voicepipe_echo_gated_words", "The agent's own words the echo gate took out "
-                                        "of the caller's (its text gate).", ["transport"], registry=self.registry)
         self.loop_lag = Histogram(LOOP_LAG, f"How late the event loop woke a {INTERVAL_S * 1000:.0f} ms timer: "
                                   "every call's audio and turn-taking waited as long.",
                                   buckets=LOOP_LAG_BUCKETS, registry=self.registry)
         self.registry.register(LiveCollector(self.snapshot, engine))
+        self.registry.register(EchoGatedCollector(self.echo_gated))
         self.registry.register(LostCallsCollector(self._lost_calls))
 
     # -- serving --------------------------------------------------------------------------------------------------
@@ -174,7 +168,16 @@ class Metrics:
         store = self._call_store()
         with self._lock:
             errors = {**self.errors, "store": store.write_failures} if store is not None else dict(self.errors)
-            return list(self.active_calls.values()), errors
+            return [call.transport for call in self.active_calls.values()], errors
+
+    def echo_gated(self) -> dict[tuple[str, str], float]:
+        """What the echo gate took out (`ECHO_GATED`'s figures) by transport: the ended calls', and the live calls'
+        so far, as their records hold it (the session refreshes their echo figures at each turn)."""
+        with self._lock:
+            totals = Tally(self._echo_gated_ended)
+            for call in self.active_calls.values():
+                _add_echo_gated(totals, call)
+        return dict(totals)
 
     def _lost_calls(self) -> dict[tuple[str, str], int]:
         store = self._call_store()
@@ -207,7 +210,7 @@ class Metrics:
     # -- CallObserver (the event loop: be quick) -------------------------------------------------------------------
     def call_started(self, call: CallRecord) -> None:
         with self._lock:
-            self.active_calls[call.call_id] = call.transport
+            self.active_calls[call.call_id] = call
         session = self._call_session(call.call_id)
         if session is not None:
             self._session_transports[session] = call.transport
@@ -237,8 +240,9 @@ class Metrics:
             self.count_error("turn")
 
     def call_ended(self, call: CallRecord) -> None:
-        with self._lock:
+        with self._lock:  # one step: a scrape between the two would see the gated counters fall
             self.active_calls.pop(call.call_id, None)
+            _add_echo_gated(self._echo_gated_ended, call)
         self.calls.labels(call.transport, call.outcome or "unknown").inc()
         if call.outcome == "error":
             self.count_error("call")
@@ -253,6 +257,11 @@ class Metrics:
             self.echo_erle.labels(transport).observe(echo["erle_db"])
         if echo.get("erl_db") is not None:
             self.echo_erl.labels(transport).observe(echo["erl_db"])
-        self.echo_gated_audio.labels(transport).inc(echo.get("gated_audio_s", 0))
-        self.echo_gated_segments.labels(transport).inc(echo.get("gated_segments", 0))
-        self.echo_gated_words.labels(transport).inc(echo.get("gated_words", 0))
+
+
+def _add_echo_gated(totals: Tally[tuple[str, str]], call: CallRecord) -> None:
+    """`call`'s echo gate figures (`ECHO_GATED`) into `totals`, where the call cancels echo."""
+    echo = call.metadata.get(ECHO_METADATA)
+    if isinstance(echo, dict):
+        for figure in ECHO_GATED:
+            totals[figure, call.transport] += echo.get(figure, 0)

@@ -1,5 +1,5 @@
-"""The metric families read at scrape time: active calls, errors by kind, the LLM engine's state and counters, and
-the calls the call store closed as lost.
+"""The metric families read at scrape time: active calls, errors by kind, the LLM engine's state and counters, what
+the echo gate took out (the live calls' share too), and the calls the call store closed as lost.
 
 Reading them when Prometheus scrapes (rather than updating gauges as things change) means they are never stale and
 cost nothing between scrapes. Every family is yielded on every scrape, without samples while the engine is not
@@ -32,6 +32,15 @@ ENGINE_COUNTERS = {
     "output_tokens": ("voicepipe_llm_output_tokens", "Tokens generated."),
     "draft_tokens": ("voicepipe_llm_spec_draft_tokens", "Speculative decoding: drafted tokens verified."),
     "accepted_tokens": ("voicepipe_llm_spec_accepted_tokens", "Speculative decoding: drafted tokens accepted."),
+}
+# a call's echo figure (`CallEcho.figures`) -> its counter family, by transport: the ended calls' and the live ones'
+ECHO_GATED = {
+    "gated_audio_s": ("voicepipe_echo_gated_audio_seconds", "Caller audio the echo gate silenced as echo (its level "
+                      "gate), in calls that cancel echo; live calls count as of their last turn."),
+    "gated_segments": ("voicepipe_echo_gated_segments", "Caller speech whose words the echo gate took for the "
+                       "agent's own alone (its text gate); live calls count as of their last turn."),
+    "gated_words": ("voicepipe_echo_gated_words", "The agent's own words the echo gate took out of the caller's "
+                    "(its text gate); live calls count as of their last turn."),
 }
 ERROR_KINDS = {  # kind -> where it comes from
     "engine": "an LLM request failed in the engine (a failed model step, the engine stopped)",
@@ -91,6 +100,22 @@ def _errors(counts: dict[str, int], stats: dict[str, Any] | None) -> CounterMetr
     for kind in ERROR_KINDS:
         family.add_metric([kind], counts.get(kind, 0))
     return family
+
+
+class EchoGatedCollector(Collector):
+    """What the echo gate took out, by transport (`ECHO_GATED`), read from ``totals()``: {(figure, transport): sum}."""
+
+    def __init__(self, totals: Callable[[], dict[tuple[str, str], float]]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        totals = self._totals()
+        for figure, (name, doc) in ECHO_GATED.items():
+            family = CounterMetricFamily(name, doc, labels=["transport"])
+            for (key, transport), value in sorted(totals.items()):
+                if key == figure:
+                    family.add_metric([transport], value)
+            yield family
 
 
 class AdmissionCollector(Collector):

@@ -2,12 +2,13 @@
 `observability.store_url`, in a PostgreSQL database several replicas share (`store_db.py`: one code path, the
 same statements on both).
 
-`CallStore` is a `CallObserver`: a call row on `call_started`, a turn row on `turn_finished`, and the call's
-final state (and every turn again, so none is missed) on `call_ended`. The observer methods only snapshot the
-record and queue the statements; one writer thread (`store_writer.StoreWriter`) commits them in batches every
-`flush_interval_s`. Reads use their own connection (readers never wait for the writer) and see every write
-queued before them; call them off the event loop (`asyncio.to_thread`). Each call row names the replica that
-served it (`observability.replica`, by default the host name: a pod's name under Kubernetes).
+`CallStore` is a `CallObserver`: a call row on `call_started`, a turn row on `turn_finished` (and the call's
+metadata as it stands: its echo figures so far), and the call's final state (and every turn again, so none is
+missed) on `call_ended`. The observer methods only snapshot the record and queue the statements; one writer thread
+(`store_writer.StoreWriter`) commits them in batches every `flush_interval_s`. Reads use their own connection
+(readers never wait for the writer) and see every write queued before them; call them off the event loop
+(`asyncio.to_thread`). Each call row names the replica that served it (`observability.replica`, by default the host
+name: a pod's name under Kubernetes).
 
 A call id is the key: a later call that reuses an id replaces the earlier call's record.
 
@@ -39,6 +40,7 @@ from voicepipe.observability.store_rows import (
     percentiles,
     row_dict,
     tool_call_rows,
+    touch_row,
     turn_row,
 )
 from voicepipe.observability.store_schema import migrate
@@ -220,7 +222,7 @@ class CallStore:
 
     def turn_finished(self, call: CallRecord, turn: TurnRecord) -> None:
         self._put_turn(call.call_id, turn)
-        self._writer.put(TOUCH_CALL, {"id": call.call_id, "t": time.time()})
+        self._writer.put(TOUCH_CALL, touch_row(call, time.time()))
 
     def call_ended(self, call: CallRecord) -> None:
         self._writer.put(UPSERT_CALL, call_row(call, self.replica))

@@ -87,7 +87,13 @@ def upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> st
 UPSERT_CALL = upsert_sql("calls", CALL_COLUMNS, ("id",))
 UPSERT_TURN = upsert_sql("turns", TURN_COLUMNS, ("call_id", "turn"))
 UPSERT_TOOL_CALL = upsert_sql("tool_calls", TOOL_CALL_COLUMNS, ("call_id", "turn", "idx"))
-TOUCH_CALL = "UPDATE calls SET last_record = :t WHERE id = :id"  # a turn was written (where a lost call ends)
+# A turn was written: the call's last record (where a lost call ends) and its metadata as it stands (the echo figures
+# so far), so a live call's page shows them.
+TOUCH_CALL = "UPDATE calls SET last_record = :t, metadata = :metadata WHERE id = :id"
+
+
+def touch_row(call: CallRecord, t: float) -> dict[str, Any]:
+    return {"id": call.call_id, "t": t, "metadata": _json(call.metadata)}
 
 
 def row_dict(row: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ class CallRegistry:
 
     def get(self, call_id: str) -> CallRecord | None:
         call = self.active.get(call_id)
-        return call.record if call is not None else self.ended.get(call_id)
+        return call.record_now() if call is not None else self.ended.get(call_id)
 
     def summary(self) -> dict[str, Any]:
         return {"active": sorted(self.active), "ended": list(self.ended)}

@@ -106,6 +106,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self.input_rate = input_rate
         self._resampler = StreamResampler(input_rate, PIPELINE_RATE) if input_rate != PIPELINE_RATE else None
         self._echo = open_call_echo(settings, transport, params, output, PIPELINE_RATE, self.call_id)
+        keep_echo_figures(self.record.metadata, self._echo)  # never a caller's value there, from the start
         self.session = None  # llm Session
         self.detector = None
         self.turns: TurnTaking | None = None
@@ -211,6 +212,11 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             self.ended.set()
             self.observers.call_ended(self.record)
             log.info("call %s ended (%s) after %d turns", self.call_id, reason, self._turns)
+
+    def record_now(self) -> CallRecord:
+        """The call's record with its echo figures as they stand now (a live call read through the API)."""
+        keep_echo_figures(self.record.metadata, self._echo)
+        return self.record
 
     # -- caller audio -----------------------------------------------------------------------------
     def push_audio(self, samples: np.ndarray) -> None:
@@ -525,6 +531,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self.note("turn", turn=record.turn, user_text=record.user_text, agent_text=record.agent_text,
                   heard_text=record.heard_text, interrupted=record.interrupted, timings_ms=record.timings_ms,
                   timeline=record.timeline, error=record.error)
+        keep_echo_figures(self.record.metadata, self._echo)  # the store and the metrics see them turn by turn
         self.observers.turn_finished(self.record, record)
 
     # -- replies ----------------------------------------------------------------------------------
