@@ -227,3 +227,28 @@ def fake_call_resources():
     stt = FakeSTTStream([])
     return CallResources(FakeEngine(), None, SimpleNamespace(open_stream=lambda rate, on_partial=None: stt),
                          SimpleNamespace(open_stream=lambda rate, turn: FakeSpeech(rate, turn)))
+
+
+class RecordingObserver:
+    """Keeps every report a call makes to its observers."""
+
+    def __init__(self) -> None:
+        self.started, self.ended, self.turns, self.events, self.chunks = [], [], [], [], []
+
+    def call_started(self, call) -> None:
+        self.started.append(call.call_id)
+
+    def event(self, call, event) -> None:
+        self.events.append(event)
+
+    def audio(self, call, channel, samples, rate, t) -> None:
+        self.chunks.append((channel, len(samples), rate, t))
+
+    def turn_finished(self, call, turn) -> None:
+        self.turns.append(turn)
+
+    def call_ended(self, call) -> None:
+        self.ended.append((call.call_id, call.outcome))
+
+    def kinds(self) -> list[str]:
+        return [e["type"] for e in self.events]

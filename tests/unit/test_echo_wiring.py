@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from tests.pipeline_fakes import FakeDetector, fake_call_resources
+from tests.pipeline_fakes import FakeDetector, RecordingObserver, fake_call_resources
 from voicepipe.audio import StreamResampler
 from voicepipe.audio.l16 import float32_to_int16
 from voicepipe.config import TRANSPORTS, Settings
@@ -303,6 +303,7 @@ def test_a_live_calls_record_holds_its_echo_figures_as_they_stand_and_never_the_
     async def main():
         output = PlayedOutput()
         call, detector = call_with(echo_settings(twilio=True), {ECHO_METADATA: {"gated_words": 10**9}}, output)
+        call.observers.add(events := RecordingObserver())
         at_start = dict(call.record.metadata[ECHO_METADATA])
         calls = CallRegistry()  # what GET /calls/{id} reads
         calls.add(call)
@@ -315,10 +316,11 @@ def test_a_live_calls_record_holds_its_echo_figures_as_they_stand_and_never_the_
                 call.push_audio(part[i:i + FRAME])
             live.append(dict(calls.get(call.call_id).metadata[ECHO_METADATA]))
         await call.close()
-        return at_start, live
+        return at_start, live, [e["delay_ms"] for e in events.events if e["type"] == "echo_delay"]
 
-    at_start, (first, second) = asyncio.run(main())
+    at_start, (first, second), delays = asyncio.run(main())
     assert at_start["gated_words"] == 0 and at_start["delay_ms"] is None  # the call's own figures, from the start
+    assert delays and abs(delays[0] - 150) <= 2 and len(delays) <= 3, delays  # in the timeline: found, then steady
     assert abs(first["delay_ms"] - 150) <= 2, first  # read while the call is live, not only once it ends
     assert 0 < first["gated_audio_s"] < second["gated_audio_s"], (first, second)
     assert first["audio_s"] == pytest.approx(half / RATE, abs=0.05) and second["audio_s"] > first["audio_s"]

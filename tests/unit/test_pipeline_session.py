@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.pipeline_fakes import PER_CHAR, FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream
+from tests.pipeline_fakes import PER_CHAR, FakeDetector, FakeEngine, FakeSpeech, FakeSTTStream, RecordingObserver
 from voicepipe.config import Settings
 from voicepipe.echo.path import EchoPath
 from voicepipe.echo.reference import FarEndReference
@@ -74,31 +74,6 @@ class FakeOutput:
 
     def event(self, kind: str, **data) -> None:
         self.events.append((kind, data))
-
-
-class RecordingObserver:
-    """Keeps every report a call makes to its observers."""
-
-    def __init__(self) -> None:
-        self.started, self.ended, self.turns, self.events, self.chunks = [], [], [], [], []
-
-    def call_started(self, call) -> None:
-        self.started.append(call.call_id)
-
-    def event(self, call, event) -> None:
-        self.events.append(event)
-
-    def audio(self, call, channel, samples, rate, t) -> None:
-        self.chunks.append((channel, len(samples), rate, t))
-
-    def turn_finished(self, call, turn) -> None:
-        self.turns.append(turn)
-
-    def call_ended(self, call) -> None:
-        self.ended.append((call.call_id, call.outcome))
-
-    def kinds(self) -> list[str]:
-        return [e["type"] for e in self.events]
 
 
 class Harness:

@@ -19,6 +19,7 @@ from voicepipe.turns.backchannel import INTERRUPTIONS, is_backchannel, normalise
 log = logging.getLogger(__name__)
 
 GATED_KEPT = 100
+DELAY_NOTED_MS = 5.0  # the echo delay estimate goes into the call's timeline when found, and when it moves this far
 # An RTP link's far end plays the agent's audio through a jitter buffer and a decoder the server does not see, so
 # later than the server's track sends it (what the marks report): a browser's buffer holds 40-200 ms, and over
 # `bench echo`'s simulated browser (aiortc's receiver and a 40 ms playout target) echo paths of 20 and 150 ms read
@@ -55,6 +56,7 @@ class CallEcho:
         self.gated_speech: deque[dict[str, Any]] = deque(maxlen=GATED_KEPT)
         self.cpu_s = 0.0  # this thread's CPU in `process` (bench echo's echo_cpu_ms_per_s), and the audio it took
         self.audio_s = 0.0
+        self._delay_noted: float | None = None  # ms, the last `delay_moved` said
 
     def process(self, samples):
         started = time.thread_time()
@@ -62,6 +64,15 @@ class CallEcho:
         self.cpu_s += time.thread_time() - started
         self.audio_s += len(samples) / self.path.rate
         return out
+
+    def delay_moved(self) -> float | None:
+        """The echo delay estimate (ms) when it was just found or has moved `DELAY_NOTED_MS` since it last said so;
+        None otherwise (the session notes it in the call's timeline)."""
+        delay = self.path.delay.delay_ms
+        if delay is None or (self._delay_noted is not None and abs(delay - self._delay_noted) < DELAY_NOTED_MS):
+            return None
+        self._delay_noted = delay
+        return round(delay, 1)
 
     def agent_said(self, at: float, text: str, duration_s: float) -> None:
         self.words.sent(at, text, duration_s)

@@ -233,6 +233,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
                 self.observers.audio(self.record, "caller", audio, PIPELINE_RATE, now)
         if self._echo is not None:  # the recording keeps what the caller sent; the VAD and the STT hear it cleaned
             audio = self._echo.process(audio)
+            if (delay_ms := self._echo.delay_moved()) is not None:
+                self.note("echo_delay", delay_ms=delay_ms)
         if audio.size == 0:
             return
         self._received += len(audio)
