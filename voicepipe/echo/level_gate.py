@@ -63,10 +63,13 @@ HISTORY_S = 2.0  # the coupling of the last 2 s of frames with the agent soundin
 LEAD_MS = 60.0
 TAIL_MS = 120.0  # and its room tail this long after it
 BLOCK_MS = 10.0  # the reference's loudness is read in blocks of this length
-# Once two blocks in a row pass (one alone is as likely a loud frame of residual echo), at the agent's first sound
-# the second louder too than the echo that can come meanwhile (`_over_echo_to_come`), the caller's audio passes
-# whole for this long after the last one that did: their speech's softer sounds under the agent reach the STT too.
+# Once OPEN_AFTER blocks in a row pass, at the agent's first sound the last louder too than the echo that can come
+# meanwhile (`_over_echo_to_come`), the caller's audio passes whole for this long after the last one that did: their
+# speech's softer sounds under the agent reach the STT too. One or two loud blocks alone are as likely residual echo:
+# in bench echo's Twilio and AudioSocket calls, traced, two blocks (40 ms) of it over the bar opened the hangover and
+# the 200 ms it let through made the VAD start speech, a self-interruption; a caller's speech stays loud longer.
 HANGOVER_MS = 200.0
+OPEN_AFTER = 3
 # Once the agent has talked this long without a pause of PAUSE_MS, the canceller has caught up with this stretch of
 # its audio and what it leaves sets the bar (`_settled`): a caller over loud echo passes by what it takes out.
 SETTLED_MS = 600.0
@@ -91,7 +94,7 @@ class EchoLevelGate:
         self._settled_after, self._pause = int(rate * SETTLED_MS / 1000), int(rate * PAUSE_MS / 1000)
         self._sounding_since: int | None = None  # where the agent's audio about started again (None: quiet now)
         self._quiet_since = 0
-        self._passed_last = False  # the block before this one passed by its level
+        self._loud_run = 0  # blocks in a row up to this one that passed by their level
         self._open_until = 0  # input position up to which the caller's audio passes whole (the hangover)
         self.gated_samples = 0  # caller audio silenced as echo
 
@@ -150,10 +153,10 @@ class EchoLevelGate:
         level_db = _level_db(block, far)
         loud = level_db >= threshold
         onset = position - self._sounding_since < self._hangover  # the agent's first sound after a pause
-        if loud and self._passed_last and (not onset or self._over_echo_to_come(block, far, position, delays,
-                                                                                threshold)):
+        self._loud_run = self._loud_run + 1 if loud else 0
+        if self._loud_run >= OPEN_AFTER and (not onset or self._over_echo_to_come(block, far, position, delays,
+                                                                                  threshold)):
             self._open_until = position + len(block) + self._hangover
-        self._passed_last = loud
         if self._first_sound is None:
             self._first_sound = position
         caller = position < self._open_until  # the caller talks: their level is not the echo's
