@@ -143,7 +143,9 @@ def open_call_echo(settings: Settings, transport: str, params: dict[str, Any], o
 
 
 def keep_echo_figures(metadata: dict[str, Any], echo: CallEcho | None) -> None:
-    """The call record keeps its echo figures under `ECHO_METADATA` (and never a caller's value there)."""
-    metadata.pop(ECHO_METADATA, None)
-    if echo is not None:
+    """The call record keeps its echo figures under `ECHO_METADATA` (and never a caller's value there). Replaced in
+    one step: the metrics read a live call's figures from another thread (`Metrics.echo_gated`)."""
+    if echo is None:
+        metadata.pop(ECHO_METADATA, None)
+    else:
         metadata[ECHO_METADATA] = echo.figures()
