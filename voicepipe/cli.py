@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.exceptions import TyperException
 
 from voicepipe.config import Settings, load_settings, masked_dump
 from voicepipe.errors import VoicepipeError
@@ -31,7 +31,7 @@ app.add_typer(bench_app, name="bench")
 class _ReplayGroup(typer.core.TyperGroup):
     """`voicepipe replay CASE...` runs cases (the `run` subcommand); `voicepipe replay init DIR` makes one."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
@@ -631,12 +631,12 @@ def run() -> None:
             raise
         err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except click.ClickException as exc:
+    except TyperException as exc:  # a usage error (typer's own copy of click raises these): its message, no traceback
         exc.show()
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except typer.Abort:
         sys.exit(130)
     if isinstance(code, int) and code:
         sys.exit(code)
