@@ -7,9 +7,12 @@ CTranslate2's Whisper encoder accepts shorter inputs, so a streaming decode enco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from voicepipe.stt.agreement import group_words
 
 SAMPLE_RATE = 16000
 TAIL_PAD_S = 1.0  # silence appended: whisper drops or garbles the last words of audio cut right after them
@@ -62,27 +65,6 @@ class WhisperDecoder:
         head = [self.tokenizer.sot_prev, *context] if context else []
         return [*head, *self.tokenizer.sot_sequence, self.tokenizer.no_timestamps, *prefix]
 
-    def cut_repetition(self, tokens: list[int], keep: int = 0) -> list[int]:
-        """Cut a hallucinated loop: from the second occurrence of any 3-word sequence on."""
-        from voicepipe.stt.agreement import group_words
-
-        words = group_words(tokens, self.piece)
-        keys = [w.key for w in words]
-        # A sentence that ends and then starts the utterance over ("... my order. I would") is a loop too.
-        for i in range(1, len(words)):
-            if words[i - 1].text.rstrip().endswith((".", "?", "!")) and _restarts(keys, i):
-                cut = [t for w in words[:i] for t in w.tokens]
-                if len(cut) >= keep:
-                    return cut
-        seen: set[tuple[str, ...]] = set()
-        for i in range(len(keys) - 2):
-            gram = tuple(keys[i:i + 3])
-            if gram in seen and all(gram):
-                cut = [t for w in words[:i] for t in w.tokens]
-                return cut if len(cut) >= keep else tokens
-            seen.add(gram)
-        return tokens
-
     def features(self, audio: np.ndarray) -> np.ndarray:
         pad = max(round(TAIL_PAD_S * SAMPLE_RATE), round(MIN_AUDIO_S * SAMPLE_RATE) - len(audio))
         padded = np.concatenate([audio, np.zeros(pad, dtype=np.float32)])
@@ -124,7 +106,7 @@ class WhisperDecoder:
             tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
             if tokens[: len(prefix)] != prefix:
                 tokens = [*prefix, *tokens]
-            tokens = self.cut_repetition(tokens, len(prefix))
+            tokens = cut_repetition(tokens, self.piece, len(prefix))
             score = res.scores[0] if res.scores else 0.0
             text = self.tokenizer.decode(tokens).strip()
             avg = float(score)
@@ -133,6 +115,29 @@ class WhisperDecoder:
                 tokens, text, dropped = [], "", text
             out.append(DecodeResult(tokens, text, float(res.no_speech_prob), avg, len(audio), dropped_text=dropped))
         return out
+
+
+def cut_repetition(tokens: list[int], piece: Callable[[int], str], keep: int = 0) -> list[int]:
+    """Cut a hallucinated loop where it starts: at the second occurrence of any 3-word sequence, or where a sentence
+    ends and the utterance starts over ("... my order. I would"), whichever comes first. Whisper can do both in one
+    decode ("Thank you. That is all I needed to know. That is all I needed to know. Thank you."): cut at the
+    utterance's restart alone, the repeated sentence stayed in. `keep`: never cut into the first `keep` tokens (a
+    forced prefix); a 3-word loop inside them leaves the tokens as they are."""
+    words = group_words(tokens, piece)
+    keys = [w.key for w in words]
+    seen: set[tuple[str, ...]] = set()
+    for i in range(len(words)):
+        gram = tuple(keys[i:i + 3])
+        loop = len(gram) == 3 and all(gram) and gram in seen
+        restart = i > 0 and words[i - 1].text.rstrip().endswith((".", "?", "!")) and _restarts(keys, i)
+        if loop or restart:
+            cut = [t for w in words[:i] for t in w.tokens]
+            if len(cut) >= keep:
+                return cut
+            if loop:
+                return tokens
+        seen.add(gram)
+    return tokens
 
 
 def _restarts(keys: list[str], i: int) -> bool:
