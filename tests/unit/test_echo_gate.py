@@ -215,3 +215,45 @@ def test_two_loud_blocks_alone_leave_the_gate_shut_and_three_in_a_row_open_it(fa
     after = passed[loud_at // FRAME + loud_blocks:]
     assert all(passed[loud_at // FRAME:][:loud_blocks])  # the loud blocks pass by their level either way
     assert after == [opened] * len(after)  # the echo behind them: through the hangover, or shut
+
+
+def bars_around(far: np.ndarray, mic: np.ndarray, start: int, end: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The gate's bars (as before the canceller, and in a settled stretch) just before input sample `start` and at
+    `end`, with `mic` (int16) through a call's echo path over `far`."""
+    reference = FarEndReference(RATE, capacity_s=30.0)
+    reference.append(far, at=0)
+    path = EchoPath(reference)
+    def bars() -> tuple[float, float]:
+        return path.gate.threshold_db(), path.gate._threshold_now(settled=True)
+
+    for at in range(0, start, FRAME):
+        path.process(mic[at:at + FRAME])
+    before = bars()
+    for at in range(start, end, FRAME):
+        path.process(mic[at:at + FRAME])
+    return before, bars()
+
+
+@pytest.mark.parametrize(("level_db", "gain"), [(-6, 0.2), (-10, 0.2), (-20, 0.3)])
+def test_a_caller_the_gate_shuts_does_not_raise_its_bar(far, caller, level_db, gain) -> None:
+    """A caller who talks over the agent no louder than the bar is shut, and their blocks once joined the histories
+    as echo: the bar rose towards their level and shut them for the rest of the call (bench echo at -6 dB, traced:
+    the settled bar at -11.6 dB at a call's first barge-in, -1.7 at its third; of the barge-ins there, 12 of 18 first
+    ones stopped the agent and 4 of 16 third ones). Before: -6 dB: the settled bar from -15 to -8.5 dB; -10 dB: from
+    -19 to -12; -20 dB: the bar before the canceller from -17.5 to -9."""
+    start = 4 * RATE
+    near = np.zeros_like(far)
+    near[start:start + len(caller)] = gain * caller
+    mic = float32_to_int16(microphone(echo_of(far, RATE, 150, level_db), near))
+    (raw_before, settled_before), (raw_after, settled_after) = bars_around(far, mic, start, start + len(caller))
+    assert raw_after <= raw_before + 2 and settled_after <= settled_before + 2, (raw_before, raw_after,
+                                                                                 settled_before, settled_after)
+
+
+def test_echo_that_comes_back_louder_still_raises_the_bar(far) -> None:
+    start = 4 * RATE
+    echo = echo_of(far, RATE, 150, -20)
+    echo[start:] *= 2  # 6 dB louder from here on
+    mic = float32_to_int16(microphone(echo, np.zeros_like(far)))
+    (raw_before, _), (raw_after, _) = bars_around(far, mic, start, start + 4 * RATE)
+    assert raw_after >= raw_before + 4, (raw_before, raw_after)

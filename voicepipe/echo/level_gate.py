@@ -32,6 +32,15 @@ the bar is then the lower of the above and the same percentile of what the cance
 plus the margin (bench echo's grid: barge-ins stopped at -6 dB 0.29 -> 0.42 of them, at -10 dB 0.54 -> 0.83,
 self-interruptions 19 -> 17).
 
+Only echo may join the histories. Blocks passed while the gate is open are the caller's; so may be blocks it shut
+that were near the bar (within `NEAR_BAR_DB` under it): a caller who spoke no louder than the bar. Counted as echo,
+they raised the bar towards the caller's level, which then shut more of them, up to the cap: in `bench echo`'s calls
+at -6 dB the settled bar stood at -11.6 dB (against the agent's loudest nearby audio) at a call's first barge-in and
+at -1.7 at its third, and of the barge-ins of two full grids there 12 of 18 first ones stopped the agent, 4 of 16
+third ones. So such a block joins them only where what came in over the last `COHERENCE_MS` correlates with the
+agent's audio at the echo's delay (`_echo_like`): echo does, a caller's voice does not. Echo that comes back louder
+still raises the bar.
+
 The same coupling, once the delay is known, is the call's echo return loss (`erl_db`, in the call record's echo
 figures): how much quieter the echo comes back, before the canceller, than the agent's loudest audio around it, over
 the history's last 2 s of the agent's audio (the percentile, negated). On that simulated echo (20, 150 and 400 ms)
@@ -74,6 +83,15 @@ OPEN_AFTER = 3
 # its audio and what it leaves sets the bar (`_settled`): a caller over loud echo passes by what it takes out.
 SETTLED_MS = 600.0
 PAUSE_MS = 300.0
+# A block shut as echo joins the histories only if it is echo. One under the bar by less than NEAR_BAR_DB may be the
+# caller's voice instead, shut because they spoke no louder than the bar: it joins them only where what the canceller
+# left over the last COHERENCE_MS is coherent with the agent's audio at the echo's delay (`_echo_like`).
+NEAR_BAR_DB = 2 * MARGIN_DB
+COHERENCE_MS = 240.0
+# The GCC-PHAT peak over the mean of the searched lags (as `delay.py` reads it) from which that audio is echo. Offline
+# (`echo/simulate.py`, -6 to -20 dB, each reply placed up to 10 ms off where it played), what the canceller let
+# through of the echo alone read 12 (median), a caller talking over the agent 6.5, their 95th percentile 12.
+ECHO_PEAK_RATIO = 10.0
 
 
 class EchoLevelGate:
@@ -97,6 +115,9 @@ class EchoLevelGate:
         self._loud_run = 0  # blocks in a row up to this one that passed by their level
         self._open_until = 0  # input position up to which the caller's audio passes whole (the hangover)
         self.gated_samples = 0  # caller audio silenced as echo
+        self._coherence = int(rate * COHERENCE_MS / 1000)
+        self._taper = np.hanning(self._coherence).astype(np.float32)
+        self._recent = np.zeros(0, np.float32)  # the last COHERENCE_MS of what came in (after the canceller)
 
     def threshold_db(self, aligned: bool = True) -> float:
         """How far under the agent's loudest nearby audio the caller's audio is taken for echo (`aligned`: with the
@@ -134,6 +155,7 @@ class EchoLevelGate:
         """`block` (int16, after the canceller; `raw` before it, None: the same) heard at input position `position`;
         `delays` the echo's delays the estimate's readings span, in samples (None: not yet known). Returns it, or
         silence where it is echo."""
+        self._recent = np.concatenate([self._recent, block.astype(np.float32) / 32768.0])[-self._coherence:]
         far = self._far_level(position, len(block), delays)
         if far is None:
             if self._sounding_since is not None:
@@ -160,7 +182,8 @@ class EchoLevelGate:
         if self._first_sound is None:
             self._first_sound = position
         caller = position < self._open_until  # the caller talks: their level is not the echo's
-        if not caller and (delays is not None or position - self._first_sound >= self.max_lag):
+        if not caller and (delays is not None or position - self._first_sound >= self.max_lag) and (
+                delays is None or level_db < threshold - NEAR_BAR_DB or self._echo_like(position, len(block), delays)):
             self._levels.append(_level_db(block if raw is None else raw, far))
             if settled:
                 self._settled.append(level_db)
@@ -168,6 +191,21 @@ class EchoLevelGate:
             return block
         self.gated_samples += len(block)
         return np.zeros_like(block)
+
+    def _echo_like(self, position: int, count: int, delays: tuple[int, int]) -> bool:
+        """Whether what came in over the last COHERENCE_MS, up to `position + count`, is the agent's echo: its
+        correlation with the reference, whitened (GCC-PHAT), peaks at a lag around the echo's delays. A caller's
+        voice does not correlate with the agent's audio at any lag."""
+        n = self._coherence
+        if len(self._recent) < n:
+            return True
+        low, high = delays[0] - self._lead, delays[1] + self._tail
+        far = self.reference.window(position + count - n - high, n + high - low)
+        size = 1 << (len(far) + n).bit_length()
+        cross = np.conj(np.fft.rfft(self._recent * self._taper, size)) * np.fft.rfft(far, size)
+        corr = np.fft.irfft(cross / (np.abs(cross) + 1e-12), size)
+        searched = corr[(high - low) - np.arange(high - low + 1)]  # lag `low + i` at i
+        return bool(np.max(searched) >= ECHO_PEAK_RATIO * np.mean(np.abs(searched)))
 
     def _over_echo_to_come(self, block: np.ndarray, far: float, position: int, delays: tuple[int, int] | None,
                            threshold: float) -> bool:
