@@ -217,13 +217,16 @@ def test_two_loud_blocks_alone_leave_the_gate_shut_and_three_in_a_row_open_it(fa
     assert after == [opened] * len(after)  # the echo behind them: through the hangover, or shut
 
 
-def bars_around(far: np.ndarray, mic: np.ndarray, start: int, end: int) -> tuple[tuple[float, float], tuple[float, float]]:
+Bars = tuple[float, float]  # the gate's bar as before the canceller, and in a settled stretch
+
+
+def bars_around(far: np.ndarray, mic: np.ndarray, start: int, end: int) -> tuple[Bars, Bars]:
     """The gate's bars (as before the canceller, and in a settled stretch) just before input sample `start` and at
     `end`, with `mic` (int16) through a call's echo path over `far`."""
     reference = FarEndReference(RATE, capacity_s=30.0)
     reference.append(far, at=0)
     path = EchoPath(reference)
-    def bars() -> tuple[float, float]:
+    def bars() -> Bars:
         return path.gate.threshold_db(), path.gate._threshold_now(settled=True)
 
     for at in range(0, start, FRAME):
