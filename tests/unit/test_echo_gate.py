@@ -34,12 +34,18 @@ def caller() -> np.ndarray:
                         speed=1.1)
 
 
-def through_path(far: np.ndarray, mic: np.ndarray) -> tuple[EchoPath, np.ndarray]:
-    """The caller's microphone `mic` (int16) through a call's echo path over the agent's audio `far` (all placed
-    before the call hears any, as a reference keeps it); the path and what came out."""
+def path_over(far: np.ndarray) -> EchoPath:
+    """A call's echo path over the agent's audio `far`, all placed before the call hears any (as a reference keeps
+    it)."""
     reference = FarEndReference(RATE, capacity_s=30.0)
     reference.append(far, at=0)
-    path = EchoPath(reference)
+    return EchoPath(reference)
+
+
+def through_path(far: np.ndarray, mic: np.ndarray) -> tuple[EchoPath, np.ndarray]:
+    """The caller's microphone `mic` (int16) through a call's echo path over the agent's audio `far`; the path and
+    what came out."""
+    path = path_over(far)
     return path, np.concatenate([path.process(mic[i:i + FRAME]) for i in range(0, len(mic), FRAME)])
 
 
@@ -223,9 +229,8 @@ Bars = tuple[float, float]  # the gate's bar as before the canceller, and in a s
 def bars_around(far: np.ndarray, mic: np.ndarray, start: int, end: int) -> tuple[Bars, Bars]:
     """The gate's bars (as before the canceller, and in a settled stretch) just before input sample `start` and at
     `end`, with `mic` (int16) through a call's echo path over `far`."""
-    reference = FarEndReference(RATE, capacity_s=30.0)
-    reference.append(far, at=0)
-    path = EchoPath(reference)
+    path = path_over(far)
+
     def bars() -> Bars:
         return path.gate.threshold_db(), path.gate._threshold_now(settled=True)
 

@@ -33,6 +33,13 @@ MIN_PEAK_RATIO = 20.0
 MIN_REFERENCE_RMS = 1e-3
 
 
+def whitened_correlation(near: np.ndarray, far: np.ndarray, size: int) -> np.ndarray:
+    """GCC-PHAT over `size`-point transforms: at index m, `near[j]` against `far[j + m]`, the cross-spectrum whitened
+    (phase only) so that the peak is sharp for speech whatever its spectrum. `near` comes tapered (module doc)."""
+    cross = np.conj(np.fft.rfft(near, size)) * np.fft.rfft(far, size)
+    return np.fft.irfft(cross / (np.abs(cross) + 1e-12), size)
+
+
 class DelayEstimator:
     """Streaming delay estimate between a far-end reference and the caller's input, both at `rate`.
 
@@ -107,8 +114,7 @@ class DelayEstimator:
     def _reading(self) -> int | None:
         if np.sqrt(np.mean(self._far**2)) < MIN_REFERENCE_RMS:
             return None
-        cross = np.conj(np.fft.rfft(self._near * self._taper, self._n_fft)) * np.fft.rfft(self._far, self._n_fft)
-        corr = np.fft.irfft(cross / (np.abs(cross) + 1e-12), self._n_fft)
+        corr = whitened_correlation(self._near * self._taper, self._far, self._n_fft)
         # near[j] = far[j + max_lag - d]: the correlation at m = max_lag - d holds the echo of delay d.
         searched = corr[self.max_lag - np.arange(self.min_lag, self.max_lag + 1)]
         best = int(np.argmax(searched))

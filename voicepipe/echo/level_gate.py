@@ -55,7 +55,7 @@ from collections import deque
 
 import numpy as np
 
-from voicepipe.echo.delay import MIN_REFERENCE_RMS
+from voicepipe.echo.delay import MIN_REFERENCE_RMS, whitened_correlation
 from voicepipe.echo.reference import FarEndReference
 
 COUPLING_PERCENTILE = 90.0
@@ -88,9 +88,10 @@ PAUSE_MS = 300.0
 # left over the last COHERENCE_MS is coherent with the agent's audio at the echo's delay (`_echo_like`).
 NEAR_BAR_DB = 2 * MARGIN_DB
 COHERENCE_MS = 240.0
-# The GCC-PHAT peak over the mean of the searched lags (as `delay.py` reads it) from which that audio is echo. Offline
-# (`echo/simulate.py`, -6 to -20 dB, each reply placed up to 10 ms off where it played), what the canceller let
-# through of the echo alone read 12 (median), a caller talking over the agent 6.5, their 95th percentile 12.
+# The GCC-PHAT peak (`delay.whitened_correlation`) over the mean of the searched lags, as the delay estimate reads
+# it, from which that audio is echo. Offline (`echo/simulate.py`, -6 to -20 dB, each reply placed up to 10 ms off
+# where it played), what the canceller let through of the echo alone read 12 (median), a caller talking over the
+# agent 6.5, their 95th percentile 12.
 ECHO_PEAK_RATIO = 10.0
 
 
@@ -201,9 +202,7 @@ class EchoLevelGate:
             return True
         low, high = delays[0] - self._lead, delays[1] + self._tail
         far = self.reference.window(position + count - n - high, n + high - low)
-        size = 1 << (len(far) + n).bit_length()
-        cross = np.conj(np.fft.rfft(self._recent * self._taper, size)) * np.fft.rfft(far, size)
-        corr = np.fft.irfft(cross / (np.abs(cross) + 1e-12), size)
+        corr = whitened_correlation(self._recent * self._taper, far, 1 << (len(far) + n).bit_length())
         searched = corr[(high - low) - np.arange(high - low + 1)]  # lag `low + i` at i
         return bool(np.max(searched) >= ECHO_PEAK_RATIO * np.mean(np.abs(searched)))
 
