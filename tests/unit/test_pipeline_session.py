@@ -427,6 +427,20 @@ def test_words_cut_off_while_thinking_are_answered_even_when_the_next_turn_hears
     run(main())
 
 
+def test_the_stt_hears_the_caller_from_well_before_the_vads_speech_start() -> None:
+    """The VAD calls speech late after a soft first sound ("how", "can"): the STT's turn starts 300 ms before the
+    start it reports, where 100 ms lost "How is the weather" of "How is the weather in London today?"."""
+    async def main():
+        h = Harness()
+        await h.call.start()
+        h.push(1000)
+        h.push(20, h.ev("speech_start", at_ms=900))
+        assert h.stt.samples_pushed == int(RATE * (1.02 - 0.6))  # from 600 ms: 300 ms before the start, and on
+        await h.call.close()
+
+    run(main())
+
+
 def test_a_turn_the_stt_hears_no_words_in_leaves_no_turn() -> None:
     """A cough the VAD took for speech: no reply, no turn reported, and the next turn is turn 1."""
     async def main():

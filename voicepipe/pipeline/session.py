@@ -63,6 +63,13 @@ log = logging.getLogger(__name__)
 
 PIPELINE_RATE = 16000  # VAD and STT input
 PREROLL_S = 0.6  # caller audio kept before the VAD's speech_start, so the STT hears the first syllable
+# The STT hears this much before the VAD's speech_start. The VAD calls speech late after a soft first sound (the "h"
+# of "how", the "k" of "can"), and later still after the seconds of silence the echo gate makes of a reply: with
+# 100 ms, whisper heard "How is the weather in London today?" as "in London to May" (dropped as no speech, the turn
+# lost, in CI) and "Can you" as "and you". Five speakerphone calls' questions (15, the canceller's output decoded
+# again from the VAD's starts): heard word for word with 100 ms 6, with 200 ms 8, with 300 ms 15, with 450 ms 9; their
+# first words 11, 15, 15, 15.
+STT_LEAD_S = 0.3
 SEARCH_SAMPLES = SEARCH_MS * PIPELINE_RATE // 1000
 ARRIVALS_KEPT = 1500  # caller chunks whose arrival time is kept (30 s of 20 ms chunks) to date VAD events
 JUDGED_PIECE = 512  # caller audio is judged in pieces of at most one VAD window, so a decision parks at its window
@@ -368,7 +375,7 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         # Start the STT turn at the speech start: hand it the buffered audio from there on.
         buffered = np.concatenate(self._preroll) if self._preroll else np.zeros(0, np.int16)
         first = self._vad_pos - len(buffered)
-        begin = max(first, sample - int(0.1 * PIPELINE_RATE))
+        begin = max(first, sample - int(STT_LEAD_S * PIPELINE_RATE))
         self._stt_turn_active = True
         self._next_timeline = {"speech_start": self._sample_time(sample)}
         self._stt_vad_start = begin
