@@ -44,6 +44,9 @@ class FakeSTTStream:
     def push(self, audio: np.ndarray) -> None:
         self.samples_pushed += len(audio)
 
+    def push_before_speech(self, audio: np.ndarray) -> None:
+        self.push(audio)
+
     def finish(self, end_sample=None) -> Future:
         fut: Future = Future()
         self.futures.append(fut)

@@ -438,3 +438,20 @@ def test_a_final_without_a_covering_request_decodes_up_to_the_end_of_speech() ->
     final = stream.finish(16000).result(timeout=5)
     stt.close()
     assert fake.calls[-1] == ("one", 16000) and final.text == " ".join(f"w{i}" for i in range(10))
+
+
+def test_a_turns_lead_before_the_speech_counts_no_partial_interval() -> None:
+    """The 300 ms lead a call pushes before the VAD's speech start, with its first 20 ms of speech: no partial yet
+    (counted as speech it made one of the lead and a syllable, heard as "I'm"). The first comes a whole interval of
+    speech after the lead, and it decodes the lead too."""
+    stt, fake = make(partial_interval_ms=300)
+    stream = stt.open_stream(16000)
+    stream.push_before_speech(np.concatenate([np.zeros(4800, np.float32), loud(0.02)]))
+    stream.push(loud(0.02))
+    time.sleep(0.1)
+    assert fake.calls == []
+    for _ in range(14):  # 300 ms of speech after the lead, in 20 ms chunks
+        stream.push(loud(0.02))
+    time.sleep(0.2)
+    stt.close()
+    assert fake.calls == [("one", 4800 + 320 + 15 * 320)], fake.calls

@@ -380,7 +380,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
         self._next_timeline = {"speech_start": self._sample_time(sample)}
         self._stt_vad_start = begin
         self._stt_sample_start = self.stt.samples_pushed
-        self.stt.push(buffered[begin - first:])
+        self.stt.push_before_speech(buffered[begin - first:sample - first])
+        self.stt.push(buffered[sample - first:])
 
     def _stt_end(self) -> int | None:
         """The VAD's speech end as a sample of the STT stream (None: the turn ended without one)."""

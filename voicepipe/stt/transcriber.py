@@ -74,6 +74,7 @@ class _Turn:
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     last: DecodeResult | None = None
     requested_at: int = 0  # samples at the last partial request: a partial decodes the audio up to here
+    speech_from: int = 0  # samples of lead before the speech (`push_before_speech`): partials count from here
     loud: float = 0.0  # running peak of the chunk RMS (slowly decaying): how loud this caller's speech is
     quiet: int = 0  # samples since the audio last went above PAUSE_RATIO * loud
     pause_requested: bool = True  # a partial was already asked for in the current pause
@@ -120,6 +121,16 @@ class TranscriptStream:
 
     def push(self, samples: np.ndarray) -> None:
         """Add caller audio (int16 or float32, the stream's rate). Zero-length chunks are a no-op."""
+        self._push(samples, speech=True)
+
+    def push_before_speech(self, samples: np.ndarray) -> None:
+        """Add the audio from before the VAD's speech start (a turn's lead, so decodes hear its first sound whole):
+        like `push`, but the partials count their interval from its end. Counted as speech, a lead as long as the
+        interval made the first partial one of the lead and a syllable, and whisper made "I'm" of "Okay" there (over
+        the agent's reply, words that are no backchannel: the agent was cut)."""
+        self._push(samples, speech=False)
+
+    def _push(self, samples: np.ndarray, speech: bool) -> None:
         if self.closed:
             raise RuntimeError("TranscriptStream is closed")
         audio = to_float32(samples, "STT input")
@@ -134,9 +145,12 @@ class TranscriptStream:
             # Speech just stopped: decode now, so the final is ready when the VAD says so. Otherwise every
             # partial_interval, on speech only: over silence nothing new was said (and an early reply is busy
             # then), and a decode started in the quiet before a pause would hold up the pause's own decode.
-            since = turn.n - turn.requested_at
+            if not speech:
+                turn.speech_from = turn.n
+            since = turn.n - max(turn.requested_at, turn.speech_from)
             pause = self._pause_began(turn, audio)
-            due = not turn.peeked and (pause or (since >= self.transcriber.partial_samples and turn.quiet == 0))
+            due = speech and not turn.peeked and (pause or (since >= self.transcriber.partial_samples
+                                                            and turn.quiet == 0))
             if due and len(audio):
                 turn.requested_at = turn.n
         if due:
@@ -176,7 +190,7 @@ class TranscriptStream:
         turn.pending_segments += 1
         turn.rolled += turn.n
         turn.n = 0
-        turn.requested_at = 0
+        turn.requested_at = turn.speech_from = 0
         turn.last = None
         turn.agreement.reset()
         self.transcriber._submit_segment(self, turn, index, audio)
