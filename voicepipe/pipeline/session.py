@@ -438,8 +438,10 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             self._next_timeline.setdefault("first_partial", at)
         self.note("stt_partial", turn=turn, text=text)
         self._emit("transcript", {"text": text, "final": False, "turn": turn})
-        if (self._over_agent() and self._speech_start is not None and text.strip() and not is_backchannel(text)
-                and not self._agent_heard_back(text)):
+        # Over the agent the words two partials agree on decide (`stable`): one partial of a syllable and the silence
+        # before it may be a word the caller did not say ("Okay" heard as "I'm"), and it cut the agent.
+        if (self._over_agent() and self._speech_start is not None and stable.strip() and not is_backchannel(stable)
+                and not self._agent_heard_back(stable)):
             self._barge_in()  # the caller's words over the agent are more than a backchannel (or its echo: the
             return  # speech's end decides on all its words, `_check_backchannel`, with the agent held meanwhile)
         self._prefill_caller_words(stable)
