@@ -6,7 +6,7 @@ client over the native protocol and Twilio's.
 - A finished sentence is answered on the evidence: the decision waited the short wait because the words said
   complete, well before the 600 ms the silence rule waits; under `hybrid` Smart Turn was asked only if the words
   left the decision open.
-- "Yeah." over the agent's reply is a backchannel: the reply goes on to its end; "Wait, stop." interrupts it.
+- "Okay." over the agent's reply is a backchannel: the reply goes on to its end; "Wait, stop." interrupts it.
 The caller's audio is the Piper voice, with the pause cut into the whole sentence (`voicepipe.bench.turn_corpus`).
 """
 
@@ -87,14 +87,17 @@ def test_a_backchannel_keeps_the_agent_talking_and_a_real_interruption_stops_it(
     base, _ = server
     story = piper(synthesizer, "Please tell me a long story about a dragon and a knight.")
     said = {}
-    for text in ("Yeah.", "Wait, stop."):
+    # "Okay.", not "Yeah.": whisper-tiny hears espeak's "Yeah." as "I'm" (no backchannel: the agent is cut) at 2 of
+    # 48 alignments around the STT's 300 ms lead (offline: 300-380 ms of silence before it, 0-200 ms after), "Okay."
+    # at none.
+    for text in ("Okay.", "Wait, stop."):
         path = tmp_path / "b.wav"
         subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
         said[text] = utterance(*read_wav(path))
-    kept = call(base, "native", [story, said["Yeah."]], barge_in_after_ms=1200).record
+    kept = call(base, "native", [story, said["Okay."]], barge_in_after_ms=1200).record
     first = kept["turns"][0]
     assert not first["interrupted"] and kept["barge_ins"] == 0, first
-    assert any("yeah" in b.lower() for b in first["backchannels"]), first["backchannels"]
+    assert any("okay" in b.lower() for b in first["backchannels"]), first["backchannels"]
     assert "playout_end" in first["timeline"]
     stopped = call(base, "native", [story, said["Wait, stop."]], barge_in_after_ms=1200).record
     assert stopped["turns"][0]["interrupted"] and stopped["barge_ins"] == 1, stopped["turns"][0]
