@@ -1,9 +1,9 @@
 """`voicepipe replay` against a real server with the real default models.
 
 The shipped suite (tests/calls/, caller audio built from espeak-ng and Piper speech and sox noise) passes (its
-speakerphone case in a test of its own, which asserts what holds on a busy machine, not the case's own target); a
-deliberately broken setting fails the right case with a readable report and a non-zero exit; a call recorded by
-the observability recorder becomes a case (`replay init`) that replays green.
+speakerphone case in a test of its own, alone on the server as its measured runs were); a deliberately broken
+setting fails the right case with a readable report and a non-zero exit; a call recorded by the observability
+recorder becomes a case (`replay init`) that replays green.
 
 One `voicepipe serve` subprocess serves the module (the client's real-time pacing then has this process to
 itself); the broken end-of-turn setting runs the command without --url, which starts its own in-process server.
@@ -91,24 +91,18 @@ def test_the_shipped_suite_passes_and_goldens_are_written(suite, server, tmp_pat
     assert any(line.startswith("--- ") and "booking" in line for line in lines)
 
 
-def test_a_speakerphone_caller_keeps_their_turns_and_at_most_two_replies_are_cut(suite, server, tmp_path: Path) -> None:
+def test_a_speakerphone_caller_has_a_turn_per_utterance_and_no_reply_cut_by_its_echo(suite, server,
+                                                                                   tmp_path: Path) -> None:
     """The echo case: the replay mixes the echo of this call's own replies into the caller's channel (150 ms,
-    -10 dB) and echo cancelling is on. What held in every run: each of the caller's three utterances is a turn of
-    its own, the echo makes at most two turns more (it does not feed on itself: each echo turn's reply would echo
-    again), and at most two replies are cut by their own echo. The case's own expectations (three turns, no reply
-    cut) held in 9 of 12 runs on 2026-12-07, 3 of 4 beside a CPU burner, then in 7 of 7 with only echo in the level
-    gate's histories: not yet shown in every run (docs/replay.md, "The shipped suite")."""
+    -10 dB) and echo cancelling is on. Its own expectations: three turns, each the caller's words, and no reply cut
+    by its echo. They held in 32 of 32 runs since the level gate kept only echo in its histories, 13 of them beside
+    a CPU burner (docs/replay.md, "The shipped suite"); it runs on its own, as those runs did."""
     case = shutil.copytree(suite[[p.name for p in suite].index("echo")], tmp_path / "echo")
     report, results = run_replay([case], None, ReplayOptions(url=server, seed=11), print)
     summary = write_reports(report, results, tmp_path / "report")["markdown"].read_text()
     print(summary)
-    turns = results[0].call.turns
-    assert len(turns) <= 5, summary
-    assert sum(t.interrupted for t in turns) <= 2, summary
-    words = [(t.user_text or "").lower() for t in turns]
-    # the caller's own words, each first heard in a turn of its own, in the order said
-    first = [next((i for i, w in enumerate(words) if said in w), None) for said in ("saturday", "dog", "needed to")]
-    assert None not in first and first == sorted(set(first)), summary
+    assert report["cases_failed"] == 0, summary
+    assert [t.interrupted for t in results[0].call.turns] == [False, False, False], summary
 
 
 def test_a_system_prompt_that_breaks_not_contains_fails_the_case(suite, server, tmp_path: Path) -> None:
