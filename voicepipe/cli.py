@@ -397,7 +397,9 @@ def bench_turns(
                   f"{report['conversational_false_cutoff_rate']}, wait p50 {report['conversational_wait_p50_ms']} ms"
                   + (f" · loaded: false cut-offs {report['false_cutoff_rate_loaded']}, wait p50 loaded/quiet "
                      f"{report['wait_p50_loaded_over_quiet']}, same decisions {report['same_decisions_rate']}, "
-                     f"same evidence {report['same_evidence_rate']}" if "false_cutoff_rate_loaded" in report else ""))
+                     f"same evidence {report['same_evidence_rate']}" if "false_cutoff_rate_loaded" in report else "")
+                  + (f" · utterances that started late (a reply past its room): {report['late_starts_quiet']} quiet, "
+                     f"{report.get('late_starts_loaded', '-')} loaded" if "late_starts_quiet" in report else ""))
 
 
 @bench_app.command("observability")

@@ -10,7 +10,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from voicepipe.bench.turn_evidence import Evidence, Pause, _Recorder, load_recordings
+from voicepipe.bench.turn_evidence import (
+    ALIGN,
+    SILENCE,
+    Evidence,
+    Pause,
+    _Pace,
+    _Recorder,
+    load_recordings,
+    slot_chunks,
+)
 from voicepipe.bench.turns import (
     RATE,
     WINDOW,
@@ -176,3 +185,22 @@ def test_the_recording_plays_on_until_the_pause_the_vad_reports_after_the_true_e
         assert recorder.done(33600)
 
     asyncio.run(main())
+
+
+def test_an_utterance_starts_at_its_slot_whatever_the_reply_before_it_took() -> None:
+    """The recording starts each utterance at a fixed place in the call's audio, so the caller's audio (and the VAD's
+    state when an utterance begins) is the same in a quiet and a loaded run. A reply that ran past the slot moves
+    the utterance to the next VAD-aligned place after it, and says so."""
+    async def main():
+        pushed: list[int] = []
+        call = SimpleNamespace(push_audio=lambda audio: pushed.append(len(audio)))
+        quick, slow = _Pace(), _Pace()
+        for pace, reply_chunks in ((quick, 3), (slow, 2 * ALIGN + 3)):
+            for _ in range(reply_chunks):  # silence while the agent's reply is made
+                await pace.push(call, SILENCE)
+            assert await pace.to(call, 2 * ALIGN) == (pace is quick)
+        assert quick.sent == 2 * ALIGN  # on time: silence up to the slot
+        assert slow.sent == 3 * ALIGN  # late: the next place where the chunks meet the VAD's windows again
+
+    asyncio.run(main())
+    assert slot_chunks(3.0) == 152 and slot_chunks(0.16) == ALIGN == 8  # 150 chunks of 20 ms, rounded up

@@ -13,6 +13,14 @@ A call plays one utterance (a first turn, after the greeting) or several in a ro
 ended at each utterance's end, the agent's reply is generated and kept in the call's history, and the next
 utterance is scored with that history, as the words of a conversation's later turns are (their P(end) is not a
 first turn's). `voicepipe.bench.turns` replays every policy over this record.
+
+Each utterance starts at a fixed place in its call's audio (`slot_chunks`: the greeting's room, then each earlier
+utterance and `REPLY_ROOM_S` after it), not when the agent's reply happens to end: the caller's audio is then the
+same in every run, quiet or loaded, as a replay's is, and the two recordings differ only where the pipeline does.
+(Starting each utterance once the reply had ended, the VAD's recurrent state had heard a different length of
+silence before it in each run and judged it differently: a window's move of its speech start, a pause found in one
+run and not the other.) A reply that runs past its room pushes the next utterance to where it ends, and that
+utterance is marked `late_start`.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ CHUNK = RATE // 50  # 20 ms, as a carrier sends it
 EVIDENCE_WAIT_S = 1.5  # at most this long after the last speech end for its evidence
 NEVER_MS = 10_000  # the recording policy's wait: longer than any silence in the set
 ALIGN = np.lcm(CHUNK, WINDOW) // CHUNK  # 8 chunks of 20 ms: where the chunks and the VAD's windows line up again
+GREETING_ROOM_S = 3.0  # the first utterance starts this long into its call: the greeting has been made by then
+REPLY_ROOM_S = 3.0  # after an utterance's audio (which ends in 1.5-3 s of silence): the agent's reply fits in it
 SILENCE = np.zeros(CHUNK, np.int16)
 
 
@@ -62,6 +72,7 @@ class Evidence:
     processed: int  # the utterance's length in whole VAD windows
     pauses: list[Pause] = field(default_factory=list)
     turn: int = 1  # the utterance's turn in its call: 1 after the greeting, more with earlier turns' history
+    late_start: bool = False  # the reply before it ran past its room: the silence before it is not the set's own
 
 
 def save_recordings(recordings: dict[str, list[Evidence]], path: Path) -> None:
@@ -121,11 +132,12 @@ def collect_evidence(items, resources, settings, progress: Callable[[int, int], 
 class _Recorder:
     """Observes one call: VAD reports and evidence, placed in the utterance's samples."""
 
-    def __init__(self, item, call, turn: int = 1, offset: int = 0) -> None:
+    def __init__(self, item, call, turn: int = 1, offset: int = 0, late_start: bool = False) -> None:
         self.call = call
         self.offset = offset  # the call's samples before the utterance began
         length = len(item.audio) - len(item.audio) % WINDOW
-        self.ev = Evidence(item.name, item.label, item.voice, item.speech_end, item.pause_end, length, turn=turn)
+        self.ev = Evidence(item.name, item.label, item.voice, item.speech_end, item.pause_end, length, turn=turn,
+                           late_start=late_start)
         self.heard = ""
         self.last_report: float | None = None
 
@@ -184,9 +196,11 @@ async def _record(items, resources, settings) -> list[Evidence]:
     try:
         await pace.until(call, lambda: call._reply is None)  # the greeting, played at once
         recording = call.turns.policy
+        start = slot_chunks(GREETING_ROOM_S)
         for turn, item in enumerate(items, start=1):
-            await pace.align(call)
-            recorder = _Recorder(item, call, turn, offset=call._received)
+            on_time = await pace.to(call, start)
+            start = pace.sent + slot_chunks(len(item.audio) / RATE + REPLY_ROOM_S)
+            recorder = _Recorder(item, call, turn, offset=call._received, late_start=not on_time)
             observers.add(recorder)
             call.turns.on_evidence = recorder.on_evidence
             for pos in range(0, len(item.audio), CHUNK):
@@ -224,8 +238,16 @@ class _Pace:
             await self.push(call, SILENCE)
         raise TimeoutError("the call did not get there within 30 s of audio")
 
-    async def align(self, call) -> None:
-        """Silence up to the next multiple of `ALIGN` chunks: every run then cuts each utterance into the VAD's
-        windows (and the STT's chunks) at the same places, however long the agent's replies took to make."""
-        while self.sent % ALIGN:
+    async def to(self, call, chunk: int) -> bool:
+        """Silence up to `chunk` (a multiple of `ALIGN`), so that every run has sent the same audio there. Past it
+        already: up to the next multiple of `ALIGN` (each utterance then still meets the VAD's windows and the STT's
+        chunks at the same places), and False."""
+        on_time = self.sent <= chunk
+        while self.sent < chunk or self.sent % ALIGN:
             await self.push(call, SILENCE)
+        return on_time
+
+
+def slot_chunks(seconds: float) -> int:
+    """`seconds` of audio in chunks, rounded up to a multiple of `ALIGN`."""
+    return -(-int(np.ceil(seconds * RATE / CHUNK)) // ALIGN) * ALIGN

@@ -273,6 +273,7 @@ def _record(settings: Settings, cache_dir: Path, progress: Callable[[str], None]
         "text_ready_p95_ms": _ready(pauses, "text", 95),
         "acoustic_ready_p50_ms": _ready(pauses, "acoustic", 50),
         "vad_report_p50_ms": _pct([(p.at - p.end) * 1000 / RATE for p in pauses], 50),
+        **{f"late_starts_{name}": sum(ev.late_start for ev in evidence) for name, evidence in recordings.items()},
         **({"text_ready_loaded_p95_ms": _ready([p for ev in recordings["loaded"] for p in ev.pauses], "text", 95),
             "text_ready_loaded_max_ms": _ready([p for ev in recordings["loaded"] for p in ev.pauses], "text", 100)}
            if "loaded" in recordings else {}),
