@@ -95,7 +95,7 @@ def test_a_speakerphone_caller_has_a_turn_per_utterance_and_no_reply_cut_by_its_
                                                                                    tmp_path: Path) -> None:
     """The echo case: the replay mixes the echo of this call's own replies into the caller's channel (150 ms,
     -10 dB) and echo cancelling is on. Its own expectations: three turns, each the caller's words, and no reply cut
-    by its echo. They held in 33 of 34 runs since the level gate kept only echo in its histories, 14 of them beside
+    by its echo. They held in 38 of 39 runs since the level gate kept only echo in its histories, 19 of 20 beside
     a CPU burner (docs/replay.md, "The shipped suite"); it runs on its own, as those runs did. The one failure (a
     fresh clone's `make test` beside `stress-ng --cpu 1`, at fb12f4f): reply 2 cut by its own echo, heard as "what is
     that?", a turn of its own. That is issue 36's open self-interruption, which this test is here to catch."""
