@@ -192,8 +192,7 @@ def test_an_utterance_starts_at_its_slot_whatever_the_reply_before_it_took() -> 
     state when an utterance begins) is the same in a quiet and a loaded run. A reply that ran past the slot moves
     the utterance to the next VAD-aligned place after it, and says so."""
     async def main():
-        pushed: list[int] = []
-        call = SimpleNamespace(push_audio=lambda audio: pushed.append(len(audio)))
+        call = SimpleNamespace(push_audio=lambda audio: None)
         quick, slow = _Pace(), _Pace()
         for pace, reply_chunks in ((quick, 3), (slow, 2 * ALIGN + 3)):
             for _ in range(reply_chunks):  # silence while the agent's reply is made

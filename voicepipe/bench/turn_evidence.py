@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -250,4 +251,4 @@ class _Pace:
 
 def slot_chunks(seconds: float) -> int:
     """`seconds` of audio in chunks, rounded up to a multiple of `ALIGN`."""
-    return -(-int(np.ceil(seconds * RATE / CHUNK)) // ALIGN) * ALIGN
+    return math.ceil(seconds * RATE / CHUNK / ALIGN) * ALIGN
