@@ -221,6 +221,7 @@ def test_two_loud_blocks_alone_leave_the_gate_shut_and_three_in_a_row_open_it(fa
     after = passed[loud_at // FRAME + loud_blocks:]
     assert all(passed[loud_at // FRAME:][:loud_blocks])  # the loud blocks pass by their level either way
     assert after == [opened] * len(after)  # the echo behind them: through the hangover, or shut
+    assert gate.openings == int(opened)  # counted once (the call's timeline has each: `echo_gate_open`)
 
 
 Bars = tuple[float, float]  # the gate's bar as before the canceller, and in a settled stretch

@@ -202,7 +202,8 @@ def test_the_call_page_shows_the_echo_figures_and_what_the_echo_gate_took_out_wh
              {"t": 5.0, "turn": 1, "text": "how can I help you", "kept": ""},  # a turn of echo alone, before turn 1
              {"t": 31.5, "turn": 2, "text": "<b>renew</b> them", "kept": ""}]  # over turn 2's reply
     echo = {"delay_ms": 150.0, "erle_db": 18.5, "erl_db": 11.2, "clock_skew_ppm": 1000.0, "gated_audio_s": 4.5,
-            "gated_segments": 2, "gated_words": 9, "gated_speech": gated, "cpu_ms": 80.0, "audio_s": 40.0}
+            "gated_segments": 2, "gated_words": 9, "gate_openings": 7, "gated_speech": gated, "cpu_ms": 80.0,
+            "audio_s": 40.0}
     app = make_app(tmp_path)
     with TestClient(app) as client:
         call = CallRecord("call-e", "twilio", metadata={"from": "+15550100", ECHO_METADATA: echo})
@@ -216,7 +217,7 @@ def test_the_call_page_shows_the_echo_figures_and_what_the_echo_gate_took_out_wh
     assert stored["metadata"] == {"from": "+15550100", ECHO_METADATA: echo}  # kept by the store, served whole
     facts = dict(re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", page))
     assert facts["echo"] == "delay 150 ms · ERL 11.2 dB · ERLE 18.5 dB · loudspeaker clock +1000 ppm"
-    assert facts["gated as echo"] == "audio 4.5 s · segments 2 · words 9"
+    assert facts["gated as echo"] == "audio 4.5 s · segments 2 · words 9 · gate openings 7"
     assert facts["caller metadata"] == "{&quot;from&quot;: &quot;+15550100&quot;}"  # not the echo figures
     lines = re.findall(r'<li class="(turn|echo-gated)[^"]*" data-turn="(\d+)">(.*?)</li>', page, re.S)
     assert [(kind, n) for kind, n, _ in lines] == [("echo-gated", "1"), ("turn", "1"), ("turn", "2"),

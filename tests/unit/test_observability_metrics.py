@@ -253,9 +253,9 @@ def test_a_calls_echo_delay_and_erle_are_observed_when_it_ends():
 def test_a_calls_echo_gate_moves_the_gated_counters_and_its_erl_is_observed_when_it_ends():
     metrics = Metrics()
     found = {"delay_ms": 150.0, "erle_db": 18.5, "erl_db": 11.2, "gated_audio_s": 4.5, "gated_segments": 2,
-             "gated_words": 9, "gated_speech": []}
+             "gated_words": 9, "gate_openings": 6, "gated_speech": []}
     not_found = {**found, "delay_ms": None, "erle_db": None, "erl_db": None, "gated_audio_s": 0.25,
-                 "gated_segments": 0, "gated_words": 1}
+                 "gated_segments": 0, "gated_words": 1, "gate_openings": 1}
     for call in (CallRecord("a", "twilio", metadata={ECHO_METADATA: found}),
                  CallRecord("b", "twilio", metadata={ECHO_METADATA: not_found}), CallRecord("c", "vonage")):
         metrics.call_ended(call)
@@ -263,6 +263,7 @@ def test_a_calls_echo_gate_moves_the_gated_counters_and_its_erl_is_observed_when
     assert s.value("voicepipe_echo_gated_audio_seconds_total", transport="twilio") == pytest.approx(4.75)
     assert s.value("voicepipe_echo_gated_segments_total", transport="twilio") == 2
     assert s.value("voicepipe_echo_gated_words_total", transport="twilio") == 10
+    assert s.value("voicepipe_echo_gate_openings_total", transport="twilio") == 7
     assert s.value("voicepipe_echo_erl_db_count", transport="twilio") == 1  # the call that found no echo: none
     assert s.value("voicepipe_echo_erl_db_sum", transport="twilio") == pytest.approx(11.2)
     assert s.samples("voicepipe_echo_gated_words_total", transport="vonage") == []  # no echo cancelling: no series

@@ -115,6 +115,7 @@ class EchoLevelGate:
         self._quiet_since = 0
         self._loud_run = 0  # blocks in a row up to this one that passed by their level
         self._open_until = 0  # input position up to which the caller's audio passes whole (the hangover)
+        self.openings = 0  # times the hangover opened while shut: for the caller's speech, or for echo it let through
         self.gated_samples = 0  # caller audio silenced as echo
         self._coherence = int(rate * COHERENCE_MS / 1000)
         self._taper = np.hanning(self._coherence).astype(np.float32)
@@ -179,6 +180,7 @@ class EchoLevelGate:
         self._loud_run = self._loud_run + 1 if loud else 0
         if self._loud_run >= OPEN_AFTER and (not onset or self._over_echo_to_come(block, far, position, delays,
                                                                                   threshold)):
+            self.openings += position >= self._open_until
             self._open_until = position + len(block) + self._hangover
         if self._first_sound is None:
             self._first_sound = position

@@ -110,7 +110,7 @@ def _echo_facts(echo: dict[str, Any]) -> list[tuple[str, str]]:
     found = (f"delay {_ms(delay)} · ERL {_db(echo.get('erl_db'))} · ERLE {_db(echo.get('erle_db'))}{clock}"
              if isinstance(delay, int | float) else "none found")
     gated = (f"audio {echo.get('gated_audio_s', 0)} s · segments {echo.get('gated_segments', 0)} · "
-             f"words {echo.get('gated_words', 0)}")
+             f"words {echo.get('gated_words', 0)} · gate openings {echo.get('gate_openings', 0)}")
     return [("echo", found), ("gated as echo", gated)]
 
 

@@ -41,6 +41,9 @@ ECHO_GATED = {
                        "agent's own alone (its text gate); live calls count as of their last turn."),
     "gated_words": ("voicepipe_echo_gated_words", "The agent's own words the echo gate took out of the caller's "
                     "(its text gate); live calls count as of their last turn."),
+    "gate_openings": ("voicepipe_echo_gate_openings", "Times the echo level gate opened for the caller's audio "
+                      "over the agent's: a caller talking over it, or residual echo let through whole; live calls "
+                      "count as of their last turn."),
 }
 ERROR_KINDS = {  # kind -> where it comes from
     "engine": "an LLM request failed in the engine (a failed model step, the engine stopped)",

@@ -57,6 +57,7 @@ class CallEcho:
         self.cpu_s = 0.0  # this thread's CPU in `process` (bench echo's echo_cpu_ms_per_s), and the audio it took
         self.audio_s = 0.0
         self._delay_noted: float | None = None  # ms, the last `delay_moved` said
+        self._openings_noted = 0  # the level gate's openings `gate_opened` has said
 
     def process(self, samples):
         started = time.thread_time()
@@ -73,6 +74,14 @@ class CallEcho:
             return None
         self._delay_noted = delay
         return round(delay, 1)
+
+    def gate_opened(self) -> bool:
+        """Whether the level gate opened for the caller's audio since the last ask (the session notes it in the
+        call's timeline): for a caller talking over the agent, or for echo it let through whole (`bench echo` counts
+        those, `echo_gate_leaks`)."""
+        opened = self.path.gate.openings > self._openings_noted
+        self._openings_noted = self.path.gate.openings
+        return opened
 
     def agent_said(self, at: float, text: str, duration_s: float) -> None:
         self.words.sent(at, text, duration_s)
@@ -111,6 +120,7 @@ class CallEcho:
         return {"delay_ms": None if delay is None else round(delay, 1), "erle_db": self.path.erle_db,
                 "erl_db": self.path.gate.erl_db, "clock_skew_ppm": round(self.path.skew.skew * 1e6, 1),
                 "gated_audio_s": round(self.path.gate.gated_samples / self.path.rate, 2),
+                "gate_openings": self.path.gate.openings,
                 "gated_segments": self.gated_segments, "gated_words": self.gated_words,
                 "gated_speech": list(self.gated_speech),
                 "cpu_ms": round(1000 * self.cpu_s, 1), "audio_s": round(self.audio_s, 2)}

@@ -242,6 +242,8 @@ class CallSession(EarlyReplies, Interruptions, Housekeeping, Keypad, ToolCalls):
             audio = self._echo.process(audio)
             if (delay_ms := self._echo.delay_moved()) is not None:
                 self.note("echo_delay", delay_ms=delay_ms)
+            if self._echo.gate_opened():
+                self.note("echo_gate_open")
         if audio.size == 0:
             return
         self._received += len(audio)
