@@ -341,7 +341,8 @@ def bench_echo(
     cancel: Annotated[bool, typer.Option(help="Echo cancelling on for the grid's transports.")] = True,
 ) -> None:
     """Speakerphone calls over delays x echo levels x transports, with scripted barge-ins, against the same calls
-    without echo: self-interruptions, echo turns, echo holds, barge-in recall, WER and voice-to-voice ratios."""
+    without echo: self-interruptions, echo turns, the echo gate's leaks, echo holds, barge-in recall, WER and
+    voice-to-voice ratios."""
     from voicepipe.bench.echo import DELAYS_MS, LEVELS_DB, TRANSPORTS, run_echo_bench
     from voicepipe.caller import TRANSPORTS as KNOWN
 
@@ -355,13 +356,14 @@ def bench_echo(
         json_file.write_text(json.dumps(report, indent=2))
     groups = {"clean": report["clean"], **{f"{level} dB": g for level, g in report["by_level"].items()}}
     table = Table("", *groups, title="bench echo")
-    for key in ("calls", "self_interruptions", "echo_turns", "echo_hold_ms", "agent_speaking_ms",
-                "barge_ins_over_agent", "barge_ins_stopped", "voice_to_voice_p50_ms", "wer", "wer_double_talk"):
+    for key in ("calls", "self_interruptions", "echo_turns", "echo_gate_leaks", "echo_hold_ms", "agent_speaking_ms",
+                "barge_ins_over_agent", "barge_ins_stopped", "voice_to_voice_p50_ms", "wer",
+                "wer_double_talk"):
         table.add_row(key, *(str(g[key]) for g in groups.values()))
     console.print(table)
-    for key in ("self_interruptions", "echo_turns", "echo_hold_ms", "agent_speaking_ms", "barge_in_recall_min",
-                "v2v_p50_echo_over_clean", "wer_echo_over_clean", "wer_double_talk_echo_over_clean",
-                "echo_cpu_ms_per_s"):
+    for key in ("self_interruptions", "echo_turns", "echo_gate_leaks", "echo_hold_ms", "agent_speaking_ms",
+                "barge_in_recall_min", "v2v_p50_echo_over_clean", "wer_echo_over_clean",
+                "wer_double_talk_echo_over_clean", "echo_cpu_ms_per_s"):
         reason = report["null_reasons"].get(key)
         console.print(f"{key}: {report[key]}" + (f" ({reason})" if reason else ""), highlight=False)
     console.print(f"{report['seconds'] / 60:.1f} min (expected {report['expected_seconds'] / 60:.0f}); "

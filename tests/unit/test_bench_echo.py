@@ -74,6 +74,21 @@ def test_a_stop_while_the_caller_was_silent_is_a_self_interruption_allowing_for_
     assert figures.echo_hold_s == pytest.approx(0.3 + 0.5)
 
 
+def test_the_gates_openings_while_the_agent_played_and_the_caller_was_silent_are_its_leaks() -> None:
+    said = [Said("first", 10.0, 12.0, False)]
+    events = [ev("echo_gate_open", 3.0),  # echo let through, whether or not the VAD then took it for speech
+              ev("echo_gate_open", 10.1), ev("echo_gate_open", 12.2),  # the caller, and their last sound read late
+              ev("echo_gate_open", 15.0), ev("hold", 15.1), ev("unhold", 15.3),  # a leak that held the agent
+              ev("echo_gate_open", 21.0)]  # after the agent's audio: the line alone went through
+    playing = [(2.0, 9.0), (14.0, 20.0)]
+    echo, clean = facts(said, events, playing), facts(said, [ev("echo_gate_open", 10.1)], playing, level_db=None)
+    assert call_figures(echo).gate_leaks == 2 and call_figures(echo).self_interruptions == 1
+    assert call_timeline(echo)["gate_leaks"] == [3.0, 15.0]
+    report = headline([echo, clean], [-10])
+    assert report["echo_gate_leaks"] == 2 and report["clean"]["echo_gate_leaks"] == 0
+    assert report["by_level"]["-10"]["echo_gate_leaks"] == 2
+
+
 def test_a_turn_whose_speech_touches_no_caller_speech_is_an_echo_turn() -> None:
     said = [Said("first", 10.0, 12.0, False)]
     turns = [((10.1, 12.3), "first"), ((12.25, 13.0), "its tail"),  # within 300 ms of its end
@@ -148,7 +163,7 @@ def test_call_facts_read_the_callers_turns_and_the_servers_record_on_one_clock()
     assert call.turns == [((103.1, 105.2), "hello")] and call.playing == [(101.0, 102.5)]
     assert call.voice_to_voice_ms == [pytest.approx(1000.0)] and call.ended == 107.2
     assert call_timeline(call) == {"said": [[3.0, 5.0], [7.0, 9.0]], "played": [[1.0, 2.5]],
-                                   "stops": [[7.2, 7.2, False, False]], "heard": ["hello"]}
+                                   "stops": [[7.2, 7.2, False, False]], "gate_leaks": [], "heard": ["hello"]}
     assert headline([call], [-10])["echo_cpu_ms_per_s"] == 2.0
 
 

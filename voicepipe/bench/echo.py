@@ -110,7 +110,7 @@ class CallEvents:
     """An observer of the in-process server: each call's start and the events the figures read, on the caller's
     clock (the server's `t` is seconds from its `started_mono`)."""
 
-    KEPT = ("hold", "unhold", "clear", "turn_reopened")
+    KEPT = ("hold", "unhold", "clear", "turn_reopened", "echo_gate_open")
 
     def __init__(self) -> None:
         self.started: dict[str, float] = {}
@@ -187,8 +187,9 @@ async def run_grid(plans: list[PlannedCall], base: str, app, texts: list[str], u
         f = call_figures(facts)
         over = [stopped for over_agent, stopped in f.barge_ins if over_agent]
         progress(f"[{len(done)}/{len(plans)}] {plan.cell}: {f.self_interruptions} self-interruptions, "
-                 f"{f.echo_turns} echo turns, barge-ins: {len(over)} of {len(f.barge_ins)} over the agent, "
-                 f"{sum(over)} of those stopped it in 500 ms; {(time.monotonic() - started) / 60:.1f} min in")
+                 f"{f.echo_turns} echo turns, {f.gate_leaks} gate leaks, barge-ins: {len(over)} of "
+                 f"{len(f.barge_ins)} over the agent, {sum(over)} of those stopped it in 500 ms; "
+                 f"{(time.monotonic() - started) / 60:.1f} min in")
         return facts
 
     with caller_processes(at_once) as callers:

@@ -14,6 +14,11 @@ onto that clock).
   words (which starts within a second of the caller's end) is what this benchmark counts.
 - `self_interruptions`: stops that started while the caller did not speak; `echo_hold_ms`: how long those held.
 - `echo_turns`: the server's turns whose VAD span touches no caller speech.
+- `echo_gate_leaks`: the level gate's openings (`echo_gate_open`) while the agent's audio played and the caller did
+  not speak: echo it let through whole for its hangover (or the line's noise against the agent's quiet sounds: the
+  clean calls' count is that floor). A self-interruption is such a leak that the VAD then took for speech; the
+  VAD's state over the gate's silence makes it slow to, so the leaks count what the gate lets through where the
+  self-interruptions count only what came of it (docs/echo.md, "The gate's leaks").
 - Barge-in recall: of the scripted barge-ins that began while the agent spoke (its audio playing at the caller,
   or held mid-reply), the share that the agent stopped for within `STOP_WITHIN_S` of their first voiced sample with
   a stop that ended in a cut (the server took it as a barge-in, not a backchannel). One that began while echo held
@@ -136,6 +141,13 @@ def caller_spoke(said: list[Said], t: float) -> bool:
     return any(s.start <= t <= s.end + REACTION_S for s in said)
 
 
+def gate_leaks(call: CallFacts) -> list[float]:
+    """When the level gate opened while the agent's audio played and the caller did not speak (see the module's
+    doc). Openings in the quiet before or after the agent's audio pass the line alone."""
+    return [e["at"] for e in call.events if e["type"] == "echo_gate_open" and not caller_spoke(call.said, e["at"])
+            and any(a <= e["at"] <= b for a, b in call.playing)]
+
+
 def touches(span: tuple[float, float] | None, said: Said) -> bool:
     """Whether a turn's VAD `span` holds some of `said`."""
     return span is not None and span[0] <= said.end + REACTION_S and span[1] >= said.start
@@ -147,6 +159,7 @@ class CallFigures:
     echo_hold_s: float
     echo_turns: int
     agent_speaking_s: float
+    gate_leaks: int = 0
     barge_ins: list[tuple[bool, bool]] = field(default_factory=list)  # (over the agent, stopped in time)
     double_talk: list[tuple[str, str]] = field(default_factory=list)  # (script, the words heard over that span)
     words: tuple[str, str] = ("", "")  # the whole script, and every turn's words
@@ -157,7 +170,7 @@ def call_figures(call: CallFacts) -> CallFigures:
     own = [s for s in stopped if not caller_spoke(call.said, s.start)]
     echo_turns = sum(1 for span, _ in call.turns if span is not None and not any(touches(span, s) for s in call.said))
     figures = CallFigures(len(own), sum(s.end - s.start for s in own), echo_turns,
-                          sum(b - a for a, b in call.playing),
+                          sum(b - a for a, b in call.playing), len(gate_leaks(call)),
                           words=(" ".join(s.text for s in call.said), " ".join(text for _, text in call.turns)))
     for s in (s for s in call.said if s.barge_in):
         over, stopped_in_time = barge_in_outcome(s, stopped, call.playing)
@@ -180,8 +193,8 @@ def barge_in_outcome(said: Said, stopped: list[Stop], playing: list[tuple[float,
 
 def call_timeline(call: CallFacts) -> dict[str, Any]:
     """What happened when in one call, in seconds from the caller's dialling: what it said, when the agent's audio
-    played at its end, the stops (start, end, cut, whether the caller was silent: a self-interruption) and the
-    words of each of the server's turns."""
+    played at its end, the stops (start, end, cut, whether the caller was silent: a self-interruption), the level
+    gate's openings while the caller was silent (its leaks) and the words of each of the server's turns."""
     def since(t: float) -> float:
         return round(t - call.started, 2)
 
@@ -189,6 +202,7 @@ def call_timeline(call: CallFacts) -> dict[str, Any]:
             "played": [[since(a), since(b)] for a, b in call.playing],
             "stops": [[since(s.start), since(s.end), s.cut, not caller_spoke(call.said, s.start)]
                       for s in stops(call.events, call.ended)],
+            "gate_leaks": [since(at) for at in gate_leaks(call)],
             "heard": [text for _, text in call.turns]}
 
 
@@ -217,6 +231,7 @@ def group_figures(calls: list[CallFacts]) -> dict[str, Any]:
         "calls": len(calls),
         "self_interruptions": sum(f.self_interruptions for f in per_call),
         "echo_turns": sum(f.echo_turns for f in per_call),
+        "echo_gate_leaks": sum(f.gate_leaks for f in per_call),
         "echo_hold_ms": round(1000 * sum(f.echo_hold_s for f in per_call), 1),
         "agent_speaking_ms": round(1000 * sum(f.agent_speaking_s for f in per_call), 1),
         "barge_ins": len(barge_ins), "barge_ins_over_agent": len(over), "barge_ins_stopped": sum(over),
@@ -237,8 +252,8 @@ def headline(calls: list[CallFacts], levels: list[float]) -> dict[str, Any]:
     by_level = {level: group_figures([c for c in calls if c.level_db == level]) for level in levels}
     reasons: dict[str, str] = {}
     recalls = {level: g["barge_in_recall"] for level, g in by_level.items()}
-    out: dict[str, Any] = {key: echo[key] for key in ("self_interruptions", "echo_turns", "echo_hold_ms",
-                                                      "agent_speaking_ms")}
+    out: dict[str, Any] = {key: echo[key] for key in ("self_interruptions", "echo_turns", "echo_gate_leaks",
+                                                      "echo_hold_ms", "agent_speaking_ms")}
     out["echo_hold_share"] = round(echo["echo_hold_ms"] / echo["agent_speaking_ms"], 4) \
         if echo["agent_speaking_ms"] else None
     known = [r for r in recalls.values() if r is not None]
