@@ -62,8 +62,11 @@ def test_evidence_of_an_earlier_pause_does_not_count_once_the_caller_speaks_agai
         segment = turns.segment
         turns.speech_started(RATE + 100)  # before the score lands
         await asyncio.sleep(0.05)
+        told = []
+        turns.on_evidence = lambda kind, seg, value: told.append((kind, seg, value))
         turns.text_known(segment, 0.9)
         assert turns.acoustic_prob is None and turns.text_prob is None
+        assert told == [("text", segment, 0.9)]  # the bench still records when it landed
         turns.text_known(turns.segment, 0.8)
         assert turns.text_prob == 0.8
 

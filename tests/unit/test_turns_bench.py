@@ -187,6 +187,34 @@ def test_the_recording_plays_on_until_the_pause_the_vad_reports_after_the_true_e
     asyncio.run(main())
 
 
+def test_words_scored_after_the_caller_went_on_are_recorded_when_they_landed() -> None:
+    """The recording never parks a decision, so the caller's next words can start a new segment before the last
+    pause's score lands (its early reply then dropped). A call's parked decision would have waited for that score:
+    it is kept, landed after the resume, and the replay waits for it as the call would. Dropped, it made the loaded
+    recording of 2026-12-07 decide one utterance of 96 otherwise than the quiet one, where it had landed in time."""
+    async def main():
+        item = SimpleNamespace(name="c", label="complete", voice="espeak:en-gb:150", speech_end=40000, pause_end=None,
+                               audio=np.zeros(4 * RATE, np.int16))
+        detector = SimpleNamespace(last_speech_end=20000, stream=SimpleNamespace(samples_processed=21536))
+        call = SimpleNamespace(detector=detector, _vad_pos=21536)
+        recorder = _Recorder(item, call)
+        recorder.on_evidence("speech_end", 1, None)
+        detector.stream.samples_processed = call._vad_pos = 23136
+        recorder.event(call, {"type": "vad", "kind": "speech_start"})  # the caller goes on: segment 2
+        call._vad_pos = 23456
+        recorder.on_evidence("text", 1, 0.64)  # the pause's score, late
+        return recorder.ev.pauses
+
+    (pause,) = asyncio.run(main())
+    assert (pause.text_prob, pause.resumed, pause.text_ready) == (0.64, 23136, 23456)
+    policy = TurnPolicy("text", TurnSettings(), 600)
+    ev = Evidence("c", "complete", "espeak:en-gb:150", speech_end=40000, pause_end=None, processed=64000,
+                  pauses=[pause])
+    outcome = replay(policy, ev)
+    assert outcome == brute_force(policy, ev)
+    assert outcome.decided_at == 21536 + 2 * WINDOW and outcome.cut_off  # P(end) 0.64: complete, at 160 ms of silence
+
+
 def test_an_utterance_starts_at_its_slot_whatever_the_reply_before_it_took() -> None:
     """The recording starts each utterance at a fixed place in the call's audio, so the caller's audio (and the VAD's
     state when an utterance begins) is the same in a quiet and a loaded run. A reply that ran past the slot moves

@@ -126,8 +126,13 @@ class TurnTaking:
                 self._evidence_landed()
 
     def text_known(self, segment: int, prob: float | None, words: str = "") -> None:
-        """The words' P(complete) for `segment` (None: the early reply brought none: no words, or it failed)."""
+        """The words' P(complete) for `segment` (None: the early reply brought none: no words, or it failed). For a
+        segment that is over (the caller spoke again before it landed) it changes nothing, but `on_evidence` still
+        hears when it landed: a decision parked for it would have waited for it (`voicepipe bench turns`, whose
+        recording never parks, replays that)."""
         if segment != self.segment:
+            if prob is not None:
+                self._tell("text", segment, prob)
             return
         if prob is not None:
             self.text_prob, self.text_marked = prob, marked_end(words)
