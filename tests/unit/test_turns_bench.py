@@ -164,15 +164,22 @@ def test_on_a_busy_machine_the_default_policy_cuts_off_no_more_callers() -> None
     assert report["wait_p50_loaded_ms"] > report["wait_p50_quiet_ms"], report
 
 
+def recording(speech_end: int) -> tuple[_Recorder, SimpleNamespace]:
+    """A recorder of a complete utterance that ends at `speech_end`, over a call whose VAD has reported a speech end
+    at sample 20000 (judged up to 21536)."""
+    item = SimpleNamespace(name="c", label="complete", voice="espeak:en-gb:150", speech_end=speech_end, pause_end=None,
+                           audio=np.zeros(4 * RATE, np.int16))
+    detector = SimpleNamespace(last_speech_end=20000, stream=SimpleNamespace(samples_processed=21536))
+    call = SimpleNamespace(detector=detector, _vad_pos=21536)
+    return _Recorder(item, call), call
+
+
 def test_the_recording_plays_on_until_the_pause_the_vad_reports_after_the_true_end() -> None:
     """With a 96 ms `vad.min_silence_ms` a caller's short gap 0.75 s before the end is a reported pause too; the
     recording once stopped there, before the utterance's real end was reported (3 of 48 utterances undecided)."""
     async def main():
-        item = SimpleNamespace(name="c", label="complete", voice="espeak:en-gb:150", speech_end=32000, pause_end=None,
-                               audio=np.zeros(4 * RATE, np.int16))
-        detector = SimpleNamespace(last_speech_end=20000, stream=SimpleNamespace(samples_processed=21536))
-        call = SimpleNamespace(detector=detector, _vad_pos=21536)
-        recorder = _Recorder(item, call)
+        recorder, call = recording(speech_end=32000)
+        detector = call.detector
         recorder.on_evidence("speech_end", 1, None)  # the gap: the caller goes on after it
         recorder.on_evidence("text", 1, 0.9)
         recorder.on_evidence("acoustic", 1, 0.9)
@@ -193,13 +200,9 @@ def test_words_scored_after_the_caller_went_on_are_recorded_when_they_landed() -
     it is kept, landed after the resume, and the replay waits for it as the call would. Dropped, it made the loaded
     recording of 2026-12-07 decide one utterance of 96 otherwise than the quiet one, where it had landed in time."""
     async def main():
-        item = SimpleNamespace(name="c", label="complete", voice="espeak:en-gb:150", speech_end=40000, pause_end=None,
-                               audio=np.zeros(4 * RATE, np.int16))
-        detector = SimpleNamespace(last_speech_end=20000, stream=SimpleNamespace(samples_processed=21536))
-        call = SimpleNamespace(detector=detector, _vad_pos=21536)
-        recorder = _Recorder(item, call)
+        recorder, call = recording(speech_end=40000)
         recorder.on_evidence("speech_end", 1, None)
-        detector.stream.samples_processed = call._vad_pos = 23136
+        call.detector.stream.samples_processed = call._vad_pos = 23136
         recorder.event(call, {"type": "vad", "kind": "speech_start"})  # the caller goes on: segment 2
         call._vad_pos = 23456
         recorder.on_evidence("text", 1, 0.64)  # the pause's score, late
