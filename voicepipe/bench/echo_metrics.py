@@ -194,7 +194,7 @@ def barge_in_outcome(said: Said, stopped: list[Stop], playing: list[tuple[float,
 def call_timeline(call: CallFacts) -> dict[str, Any]:
     """What happened when in one call, in seconds from the caller's dialling: what it said, when the agent's audio
     played at its end, the stops (start, end, cut, whether the caller was silent: a self-interruption), the level
-    gate's openings while the caller was silent (its leaks) and the words of each of the server's turns."""
+    gate's leaks (`gate_leaks`) and the words of each of the server's turns."""
     def since(t: float) -> float:
         return round(t - call.started, 2)
 
