@@ -294,15 +294,12 @@ def test_the_callers_audio_reaches_the_vad_cleaned_of_the_echo_only_when_the_cal
     assert abs(figures["clock_skew_ppm"]) < 50, figures  # one clock at both ends: nothing to follow (echo/skew.py)
 
 
-def test_a_live_calls_record_holds_its_echo_figures_as_they_stand_and_never_the_callers_value() -> None:
-    far = spoken("The agent reads out a long answer about the opening hours of the library and its branches, "
-                 "and then the list of books that are due back next week.", RATE)[: 8 * RATE]
-    caller = float32_to_int16(microphone(echo_of(far, RATE, delay_ms=150, level_db=-10), np.zeros_like(far)))
-    half = len(caller) // 2 // FRAME * FRAME
-
+def live_echo_call(far: np.ndarray, parts, params: dict) -> tuple[dict, list[tuple[dict, list[dict]]]]:
+    """A Twilio call that cancels echo over the agent's audio `far`, fed the caller's `parts` (int16) in turn: its echo
+    figures at the start, and after each part those `GET /calls/{id}` reads with the timeline's events so far."""
     async def main():
         output = PlayedOutput()
-        call, detector = call_with(echo_settings(twilio=True), {ECHO_METADATA: {"gated_words": 10**9}}, output)
+        call, detector = call_with(echo_settings(twilio=True), params, output)
         call.observers.add(events := RecordingObserver())
         at_start = dict(call.record.metadata[ECHO_METADATA])
         calls = CallRegistry()  # what GET /calls/{id} reads
@@ -311,14 +308,25 @@ def test_a_live_calls_record_holds_its_echo_figures_as_they_stand_and_never_the_
         await call.start()
         output.reference.append(far, at=0)
         live = []
-        for part in (caller[:half], caller[half:]):
+        for part in parts:
             for i in range(0, len(part), FRAME):
                 call.push_audio(part[i:i + FRAME])
-            live.append(dict(calls.get(call.call_id).metadata[ECHO_METADATA]))
+            live.append((dict(calls.get(call.call_id).metadata[ECHO_METADATA]), list(events.events)))
         await call.close()
-        return at_start, live, [e["delay_ms"] for e in events.events if e["type"] == "echo_delay"]
+        return at_start, live
 
-    at_start, (first, second), delays = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_live_calls_record_holds_its_echo_figures_as_they_stand_and_never_the_callers_value() -> None:
+    far = spoken("The agent reads out a long answer about the opening hours of the library and its branches, "
+                 "and then the list of books that are due back next week.", RATE)[: 8 * RATE]
+    caller = float32_to_int16(microphone(echo_of(far, RATE, delay_ms=150, level_db=-10), np.zeros_like(far)))
+    half = len(caller) // 2 // FRAME * FRAME
+
+    at_start, live = live_echo_call(far, (caller[:half], caller[half:]), {ECHO_METADATA: {"gated_words": 10**9}})
+    (first, _), (second, events) = live
+    delays = [e["delay_ms"] for e in events if e["type"] == "echo_delay"]
     assert at_start["gated_words"] == 0 and at_start["delay_ms"] is None  # the call's own figures, from the start
     assert delays and abs(delays[0] - 150) <= 2 and len(delays) <= 3, delays  # in the timeline: found, then steady
     assert abs(first["delay_ms"] - 150) <= 2, first  # read while the call is live, not only once it ends
@@ -338,25 +346,8 @@ def test_each_opening_of_the_level_gate_is_in_the_calls_timeline_and_its_figures
     near[start:start + len(voice)] = voice
     mic = float32_to_int16(microphone(echo_of(far, RATE, delay_ms=150, level_db=-10), near))
 
-    async def main():
-        output = PlayedOutput()
-        call, detector = call_with(echo_settings(twilio=True), {}, output)
-        call.observers.add(events := RecordingObserver())
-        calls = CallRegistry()
-        calls.add(call)
-        call._make_detector = lambda: detector
-        await call.start()
-        output.reference.append(far, at=0)
-        opened = []
-        for part in (mic[:start], mic[start:]):
-            for i in range(0, len(part), FRAME):
-                call.push_audio(part[i:i + FRAME])
-            opened.append(sum(e["type"] == "echo_gate_open" for e in events.events))
-        figures = calls.get(call.call_id).metadata[ECHO_METADATA]
-        await call.close()
-        return opened, figures
-
-    (echo_alone, with_caller), figures = asyncio.run(main())
+    _, ((_, alone), (figures, events)) = live_echo_call(far, (mic[:start], mic[start:]), {})
+    echo_alone, with_caller = (sum(e["type"] == "echo_gate_open" for e in part) for part in (alone, events))
     assert with_caller > echo_alone, (echo_alone, with_caller)  # the caller opened it
     assert figures["gate_openings"] == with_caller  # each opening, in the timeline as in the figures
 
